@@ -1,0 +1,83 @@
+"""Atomic file output and content hashes: a reader never sees a half-written file."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; rename it over ``path`` only if the block succeeds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+    return Path(path)
+
+
+def write_json(path: str | Path, obj: Any) -> Path:
+    return write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_jsonable) + "\n")
+
+
+def write_with(path: str | Path, writer: Callable[[Path], None]) -> Path:
+    """Atomically write ``path`` with ``writer(tmp_path)`` (e.g. ``df.to_csv``, ``np.savez``)."""
+    with atomic_path(path) as tmp:
+        writer(tmp)
+    return Path(path)
+
+
+def save_figure(fig, path: str | Path) -> Path:
+    """PNG without a software/version stamp, so an identical figure gives identical bytes."""
+    import matplotlib.pyplot as plt
+
+    write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight",
+                                             metadata={"Software": None}))
+    plt.close(fig)
+    return Path(path)
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def sha256_bytes(*arrays: bytes) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(a)
+    return h.hexdigest()
+
+
+def _jsonable(obj: Any) -> Any:
+    import numpy as np
+
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        return float(obj)
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")

@@ -1,0 +1,1 @@
+"""Thin DVC stage entry points: ``python -m pipeline.stages.<verb>``; paths come from dvc.yaml."""

@@ -1,0 +1,31 @@
+"""What every stage entry point shares: one-line errors, a clean exit code, and CPU threading."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+
+from pipeline.config import ConfigError
+
+
+class StageError(RuntimeError):
+    """A problem with inputs (a missing or corrupt file, a tampered checkpoint): reported as one line."""
+
+
+def stage_main(fn: Callable[[list[str] | None], None]) -> Callable[[list[str] | None], int]:
+    """Wrap a stage ``main``: known input problems print one line on stderr and exit 2, no traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(argv: list[str] | None = None) -> int:
+        try:
+            fn(argv)
+        except (ConfigError, StageError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        except PermissionError as err:
+            print(f"error: cannot write {err.filename}: permission denied", file=sys.stderr)
+            return 2
+        return 0
+
+    return wrapper
