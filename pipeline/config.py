@@ -56,6 +56,19 @@ class PairCounts(Section):
     extra_image_sizes: list[PosInt] = [384, 512, 1024]  # at extra_patch_size
     extra_patch_size: PosInt = 16
 
+    @model_validator(mode="after")
+    def _grids(self) -> PairCounts:
+        if not self.patch_sizes:
+            raise ValueError("patch_sizes: must list at least one patch size")
+        for p in self.patch_sizes:
+            if self.image_size % p:
+                raise ValueError(f"patch_sizes: {p} does not divide image_size {self.image_size}")
+        for h in self.extra_image_sizes:
+            if h % self.extra_patch_size:
+                raise ValueError(f"extra_image_sizes: {h} is not a multiple of extra_patch_size "
+                                 f"{self.extra_patch_size}")
+        return self
+
 
 class Interface(Section):
     patch_size: PosInt = 4  # P of the null-space study: D = P * P * channels
@@ -67,12 +80,25 @@ class Interface(Section):
     large_tokens: PosInt = 64
     random_permutations: PosInt = 20
     atol: PosFloat = 1e-5  # float32 tolerance for "equal"
+    exact_tol: PosFloat = 1e-10  # float64 tolerance for "equal" (the exact identities)
+    image_size: PosInt = 16  # images of the whole-ViT collision and permutation checks
+    depth: PosInt = 2  # blocks of those whole ViTs
+    probes: PosInt = 2  # reachability: random inputs whose Jacobian sparsity is united (ReLU gates)
+    jacobian_cut: Annotated[float, Field(gt=0, lt=1)] = 1e-20  # |dy/dx| below cut * max counts as 0
     pair_counts: PairCounts = PairCounts()
 
     @model_validator(mode="after")
     def _heads(self) -> Interface:
         if self.embed_dim % self.num_heads:
             raise ValueError(f"num_heads: {self.num_heads} does not divide embed_dim {self.embed_dim}")
+        if self.collision_width % self.num_heads:
+            raise ValueError(
+                f"collision_width: {self.collision_width} is not divisible by num_heads {self.num_heads}"
+            )
+        if self.image_size % self.patch_size:
+            raise ValueError(f"image_size: {self.image_size} is not a multiple of patch_size {self.patch_size}")
+        if not self.widths:
+            raise ValueError("widths: must list at least one embedding width")
         return self
 
 
@@ -92,12 +118,17 @@ class SwinParams(Section):
 
 
 class ResNetParams(Section):
-    layers: list[PosInt] = [1, 1, 1, 1]
+    # BasicBlocks per stage; channels width * 2**stage; 3 stages (16 -> 8 -> 4 px) like the CIFAR ResNets.
+    # At most 4 stages: timm's ResNet turns further stages into dilation instead of downsampling.
+    layers: Annotated[list[PosInt], Field(min_length=1, max_length=4)] = [2, 2, 2]
 
 
 class Models(Section):
     param_target: PosInt = 100_000  # widths are solved so every architecture lands near this count
     param_tolerance: Annotated[float, Field(gt=0, lt=1)] = 0.10
+    # Widths are solved once with a head of this many classes and reused by every task, so an architecture's
+    # body is the same on a 2-class and a 10-class task (the head alone differs).
+    reference_classes: PosInt = 10
     vit: ViTParams = ViTParams()
     swin: SwinParams = SwinParams()
     resnet: ResNetParams = ResNetParams()
@@ -112,11 +143,209 @@ class Models(Section):
         return self
 
 
+# --------------------------------------------------------------------------- training
+class Curve(Section):
+    """The data-size axis: these tasks x archs are also trained on every size in ``sizes``."""
+
+    tasks: list[str] = ["natural"]
+    archs: list[str] = ["vit", "resnet"]
+    sizes: list[PosInt] = [1000, 4000]
+
+
+class Train(Section):
+    """One recipe for every architecture (tuning effort is matched: the same knobs for all)."""
+
+    tasks: list[str] = ["alignment", "scale", "relation", "arrangement", "natural"]
+    archs: list[str] = ["vit", "vit_nopos", "vit_sincos", "swin", "swin_noshift", "resnet"]
+    seeds: list[NonNegInt] = [0, 1]
+    size: PosInt = 4000  # training-set size of the main grid (one of slice.train_sizes)
+    workers: PosInt = 2  # seeds trained side by side, one single-thread process each
+    curve: Curve = Curve()
+    budget_mode: Literal["steps", "flops"] = "steps"  # equal optimizer steps+data, or equal training FLOPs
+    steps: PosInt = 600  # optimizer steps (budget_mode=steps), or the reference arch's steps (flops)
+    flops_reference_arch: str = "vit"  # budget_mode=flops: every arch gets this arch's training FLOPs
+    batch_size: PosInt = 64
+    lr: PosFloat = 1e-3
+    weight_decay: Annotated[float, Field(ge=0)] = 0.05
+    warmup_steps: NonNegInt = 50
+    min_lr_ratio: Fraction = 0.0  # cosine decays to lr * min_lr_ratio
+    label_smoothing: Fraction = 0.0
+    grad_clip: Annotated[float, Field(ge=0)] = 1.0  # 0 disables
+    val_every_steps: PosInt = 100
+    log_every_steps: PosInt = 20
+    eval_batch_size: PosInt = 1000
+    threads: PosInt = 1  # torch threads per training process
+    # Lightning's own scaling knobs (see README "Scaling"): passed straight to lightning.Trainer.
+    accelerator: str = "cpu"
+    devices: int | str = 1
+    strategy: str = "auto"
+    num_nodes: PosInt = 1
+    precision: str = "32-true"
+
+    @model_validator(mode="after")
+    def _ranges(self) -> Train:
+        if self.warmup_steps >= self.steps:
+            raise ValueError(f"warmup_steps: {self.warmup_steps} must be below steps {self.steps}")
+        return self
+
+
+# --------------------------------------------------------------------------- distillation
+class Distill(Section):
+    """Teachers (trained by the ``teacher`` stage) and the DeiT students distilled from them."""
+
+    teachers: list[str] = ["resnet", "vit"]  # teacher architectures (a CNN and, as the control, a ViT)
+    students: dict[str, str] = {"deit": "resnet", "deit_vit": "vit"}  # student label -> its teacher arch
+    tasks: list[str] = ["alignment", "scale", "relation", "arrangement"]
+    teacher_seed: NonNegInt = 0
+    soft: bool = False  # DeiT's default is hard distillation (teacher argmax)
+    tau: PosFloat = 1.0  # soft-distillation temperature
+
+    @model_validator(mode="after")
+    def _students(self) -> Distill:
+        for student, teacher in self.students.items():
+            if teacher not in self.teachers:
+                raise ValueError(f"students.{student}: teacher {teacher!r} is not in distill.teachers")
+        return self
+
+
 # --------------------------------------------------------------------------- tracking
 class Tracking(Section):
     # None: sqlite:///<repository root>/mlflow.db (absolute, so `dvc exp run --queue` copies log to it)
     tracking_uri: str | None = None
     experiment_prefix: str = "bias"
+
+
+# --------------------------------------------------------------------------- tasks (level 2 data) and slicing
+TaskName = Literal["alignment", "scale", "relation", "arrangement", "natural"]
+Range = Annotated[list[NonNegInt], Field(min_length=2, max_length=2)]  # [lo, hi], inclusive
+
+
+def _check_range(key: str, r: list[int], lo: int | None = None, hi: int | None = None) -> None:
+    if r[0] > r[1]:
+        raise ValueError(f"{key}: [{r[0]}, {r[1]}] is not an increasing range")
+    if (lo is not None and r[0] < lo) or (hi is not None and r[1] > hi):
+        raise ValueError(f"{key}: [{r[0]}, {r[1]}] leaves the allowed range [{lo}, {hi}]")
+
+
+class SyntheticParams(Section):
+    """What every controlled task shares: its pool and the generic difficulty knobs."""
+
+    n: PosInt = 12_000  # pool size: fit rows (train + val) and eval rows (test)
+    eval_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.2  # share of the pool reserved for the test split
+    noise: Annotated[int, Field(ge=0, le=255)] = 0  # uniform integer noise in [-noise, noise] per pixel
+    clutter: NonNegInt = 0  # distractors: random pixels (alignment, scale), marks/glyphs (relation, arrangement)
+
+
+class AlignmentParams(SyntheticParams):
+    num_classes: Annotated[int, Field(ge=2)] = 4
+    glyph_size: PosInt = 3  # px; glyphs differ in exactly 2 * glyph_flips pixels (similarity knob)
+    glyph_flips: PosInt = 2
+    train_offsets: Range = [0, 1]  # fit rows: dx, dy in this range; eval rows: all of 0..P-1
+
+    @model_validator(mode="after")
+    def _glyphs(self) -> AlignmentParams:
+        _check_range("train_offsets", self.train_offsets)
+        if self.num_classes * self.glyph_flips > self.glyph_size**2 - 1:
+            raise ValueError(f"glyph_flips: {self.num_classes} classes x {self.glyph_flips} flips exceed the "
+                             f"{self.glyph_size ** 2 - 1} flippable pixels of a {self.glyph_size} px glyph")
+        return self
+
+
+class ScaleParams(SyntheticParams):
+    shapes: list[Literal["square", "frame", "triangle", "plus", "disc", "diamond"]] = [
+        "square", "frame", "triangle", "plus"]
+    min_size: Annotated[int, Field(ge=2)] = 3  # px, over all (eval) rows
+    max_size: PosInt = 12
+    train_sizes: Range = [3, 8]  # fit rows draw sizes here; eval rows from min_size..max_size
+
+    @model_validator(mode="after")
+    def _sizes(self) -> ScaleParams:
+        if len(set(self.shapes)) != len(self.shapes) or len(self.shapes) < 2:
+            raise ValueError(f"shapes: need at least two distinct shapes, got {self.shapes}")
+        _check_range("train_sizes", self.train_sizes, self.min_size, self.max_size)
+        if self.min_size > self.max_size:
+            raise ValueError(f"max_size: {self.max_size} is below min_size {self.min_size}")
+        from pipeline.tasks.scale import coinciding_shapes  # lazy: the task module imports this one
+
+        if problem := coinciding_shapes(list(self.shapes), self.min_size, self.max_size):
+            raise ValueError(f"min_size: {problem}")
+        return self
+
+
+class RelationParams(SyntheticParams):
+    n: PosInt = 12_000  # even: samples come in label-swapped twins
+    num_colours: Annotated[int, Field(ge=3, le=8)] = 4  # K; the relation is colour(B) = colour(A) +- 1 mod K
+    mark_size: PosInt = 2  # px of colour inside a 1 px frame: a mark is mark_size + 2 px wide
+    clutter: NonNegInt = 2  # distractor marks (dark-grey frames, random colours)
+
+    @model_validator(mode="after")
+    def _even(self) -> RelationParams:
+        if self.n % 2:
+            raise ValueError(f"n: {self.n} must be even (label-swapped twins)")
+        return self
+
+
+class ArrangementParams(SyntheticParams):
+    glyph_size: PosInt = 3  # must fit strictly inside a patch cell
+    glyph_flips: PosInt = 2
+    distractor_types: NonNegInt = 2  # glyph identities other than A and B, used by the clutter glyphs
+    same_row: bool = False  # A and B always in one row
+
+    @model_validator(mode="after")
+    def _glyphs(self) -> ArrangementParams:
+        if self.n % 2:
+            raise ValueError(f"n: {self.n} must be even (layout-swapped twins)")
+        k = 2 + self.distractor_types
+        if k * self.glyph_flips > self.glyph_size**2 - 1:
+            raise ValueError(f"glyph_flips: {k} glyphs x {self.glyph_flips} flips exceed the "
+                             f"{self.glyph_size ** 2 - 1} flippable pixels of a {self.glyph_size} px glyph")
+        if self.clutter and not self.distractor_types:
+            raise ValueError("distractor_types: clutter glyphs need at least one distractor type")
+        return self
+
+
+class NaturalParams(Section):
+    """CIFAR-10 from an archive outside the repository (never committed)."""
+
+    path: str = "../shared/data/cifar10_jpg.tar.gz"  # relative to the repository root; jpg tarball or python
+    per_class_train: Annotated[int, Field(ge=1, le=5000)] = 1000  # first k per class of the official train
+    per_class_test: Annotated[int, Field(ge=1, le=1000)] = 300  # ... and of the official test split
+
+    @property
+    def n(self) -> int:
+        """Pool size (CIFAR-10 has 10 classes)."""
+        return 10 * (self.per_class_train + self.per_class_test)
+
+
+class Tasks(Section):
+    names: Annotated[list[TaskName], Field(min_length=1)] = [
+        "alignment", "scale", "relation", "arrangement", "natural"]  # enabled tasks (dvc.yaml matrix)
+    alignment: AlignmentParams = AlignmentParams()
+    # A factory, not an instance: ScaleParams' validator imports pipeline.tasks, which needs this module whole.
+    scale: ScaleParams = Field(default_factory=ScaleParams)
+    relation: RelationParams = RelationParams()
+    arrangement: ArrangementParams = ArrangementParams()
+    natural: NaturalParams = NaturalParams()
+
+    @model_validator(mode="after")
+    def _unique(self) -> Tasks:
+        if len(set(self.names)) != len(self.names):
+            raise ValueError(f"names: duplicate task in {self.names}")
+        return self
+
+
+class Slicing(Section):
+    """Nested, class-balanced training subsets, a fixed validation and test split (same for every size)."""
+
+    train_sizes: Annotated[list[PosInt], Field(min_length=1)] = [500, 1000, 2000, 4000, 8000]
+    val_size: PosInt = 1000  # from fit rows, disjoint from every training subset
+    test_size: PosInt = 2000  # from eval rows; evaluation slices are subsets of it
+
+    @model_validator(mode="after")
+    def _increasing(self) -> Slicing:
+        if any(a >= b for a, b in zip(self.train_sizes, self.train_sizes[1:])):
+            raise ValueError(f"train_sizes: {self.train_sizes} must be strictly increasing")
+        return self
 
 
 # --------------------------------------------------------------------------- root
@@ -125,7 +354,51 @@ class Params(Section):
     geometry: Geometry = Geometry()
     interface: Interface = Interface()
     models: Models = Models()
+    train: Train = Train()
+    distill: Distill = Distill()
     tracking: Tracking = Tracking()
+    tasks: Tasks = Field(default_factory=Tasks)
+    slice: Slicing = Slicing()
+
+    @model_validator(mode="after")
+    def _interface_cross(self) -> Params:
+        i, c = self.interface, self.geometry.channels
+        big_d = i.patch_size**2 * c
+        if i.collision_width >= big_d:
+            raise ValueError(
+                f"interface.collision_width: {i.collision_width} must be below D = patch_size^2 * channels "
+                f"= {big_d}, or no collision pair exists"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _tasks_fit_geometry(self) -> Params:
+        g, t = self.geometry, self.tasks
+        p, h = g.patch_size, g.image_size
+        a, sc, r, ar = t.alignment, t.scale, t.relation, t.arrangement
+        checks = [
+            (a.train_offsets[1] > p - 1, "tasks.alignment.train_offsets",
+             f"{a.train_offsets} leaves the offsets 0..{p - 1} of a {p} px patch"),
+            (a.glyph_size + p - 1 > h, "tasks.alignment.glyph_size",
+             f"{a.glyph_size} px at offset {p - 1} does not fit a {h} px image"),
+            (sc.max_size > h, "tasks.scale.max_size", f"{sc.max_size} px does not fit a {h} px image"),
+            (r.mark_size + 2 > p, "tasks.relation.mark_size",
+             f"{r.mark_size} px + a 1 px frame on each side does not fit a {p} px patch cell"),
+            (2 + r.clutter > g.grid**2, "tasks.relation.clutter",
+             f"2 marks + {r.clutter} distractors exceed the {g.grid ** 2} patch cells"),
+            (g.grid < 2, "geometry.image_size", f"relation/arrangement need at least 2x2 patch cells, got {h}/{p}"),
+            (ar.glyph_size > p, "tasks.arrangement.glyph_size", f"{ar.glyph_size} px exceeds the {p} px cell"),
+            (2 + ar.clutter > g.grid**2, "tasks.arrangement.clutter",
+             f"2 glyphs + {ar.clutter} distractors exceed the {g.grid ** 2} patch cells"),
+            (g.channels != 3 and bool({"relation", "natural"} & set(t.names)), "geometry.channels",
+             f"{g.channels}: the relation and natural tasks are RGB (3 channels)"),
+            ("natural" in t.names and 32 % h and h % 32, "geometry.image_size",
+             f"{h} is neither a divisor nor a multiple of CIFAR's 32 px"),
+        ]
+        for bad, key, why in checks:
+            if bad:
+                raise ValueError(f"{key}: {why}")
+        return self
 
     @model_validator(mode="after")
     def _cross(self) -> Params:
@@ -146,6 +419,21 @@ class Params(Section):
         if grid % (2 ** (len(s.depths) - 1)):
             raise ValueError(
                 f"models.swin.depths: {len(s.depths)} stages halve the {grid}x{grid} grid too often"
+            )
+        # timm pads a window that does not divide a later stage's grid, and shrinks it (turning the shift off)
+        # where it covers the whole grid; refuse the first, and a layout where no block shifts at all
+        # (then swin and swin_noshift would be the same model).
+        stage_grids = [grid // 2**i for i in range(len(s.depths))]
+        for i, res in enumerate(stage_grids):
+            if res > s.window_size and res % s.window_size:
+                raise ValueError(
+                    f"models.swin.window_size: {s.window_size} does not divide stage {i}'s grid {res} "
+                    "(timm would pad it)"
+                )
+        if not any(res > s.window_size and d >= 2 for res, d in zip(stage_grids, s.depths, strict=True)):
+            raise ValueError(
+                f"models.swin.window_size: {s.window_size} leaves no block with a shifted window "
+                f"(stage grids {stage_grids}, depths {s.depths}): swin would equal swin_noshift"
             )
         return self
 

@@ -29,3 +29,13 @@ def stage_main(fn: Callable[[list[str] | None], None]) -> Callable[[list[str] | 
         return 0
 
     return wrapper
+
+
+def quiet_lightning() -> None:
+    """Keep stage logs to what a reader needs: Lightning's banners and tips say nothing about the run."""
+    import logging
+    import warnings
+
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*(LeafSpec|logging interval|does not have many workers).*")

@@ -1,0 +1,190 @@
+"""Compute accounting: forward FLOPs per image (counted and analytic), training FLOPs, step matching.
+
+Conventions (the report quotes them):
+
+* **FLOPs** = 2 per multiply-add, counted only for matrix-type ops: convolutions, linear layers (bias adds
+  ignored), and the two attention products Q K^T and A V. Ignored: normalisation, softmax, activations,
+  residual and position adds, pooling, the attention scale and mask, window shifts and reshapes. This is
+  exactly what ``torch.utils.flop_counter.FlopCounterMode`` counts, so the analytic formulas below equal the
+  counter to the FLOP.
+* **Measured** counts run one image (batch 1) in eval mode under the MATH attention backend: torch's CPU
+  fused ``scaled_dot_product_attention`` kernel is not registered with the counter and counts 0, which
+  silently drops the attention products of timm's ViT/DeiT (Swin's window attention is explicit matmuls).
+* **Training** FLOPs = 3 x forward per image (backward = 2 x forward, the usual "6 N per token"
+  convention of Kaplan et al. 2020 and Hoffmann et al. 2022) x images seen. A distillation teacher (eval
+  mode, no backward) adds 1 x its forward per student image.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import pandas as pd
+import torch
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from pipeline.config import Params
+from pipeline.models import SPECS, arch_spec, budget_table, build_model
+
+TRAIN_FORWARD_MULTIPLE = 3  # forward + backward (2 x forward)
+
+
+# --------------------------------------------------------------------------- measured
+def measured_forward_flops(model: nn.Module, params: Params, math_attention: bool = True) -> int:
+    """Forward FLOPs for one (C, H, W) image of ``params.geometry``, counted by ``FlopCounterMode``.
+
+    ``math_attention=False`` counts under the default attention backend, where CPU SDPA counts 0: kept only
+    to document that gap. The model's train/eval mode is restored afterwards.
+    """
+    g = params.geometry
+    first = next(model.parameters())
+    x = torch.zeros(1, g.channels, g.image_size, g.image_size, device=first.device, dtype=first.dtype)
+    was_training = model.training
+    model.eval()
+    try:
+        backend = sdpa_kernel(SDPBackend.MATH) if math_attention else contextlib.nullcontext()
+        with torch.no_grad(), backend, FlopCounterMode(display=False) as counter:
+            model(x)
+    finally:
+        model.train(was_training)
+    return int(counter.get_total_flops())
+
+
+# --------------------------------------------------------------------------- analytic
+def _linear(tokens: int, d_in: int, d_out: int) -> int:
+    """(tokens, d_in) @ (d_in, d_out)."""
+    return 2 * tokens * d_in * d_out
+
+
+def _attention(tokens: int, keys: int, dim: int) -> int:
+    """Q K^T (tokens x keys x dim) plus A V (tokens x keys x dim), summed over heads (dim = all heads)."""
+    return 2 * 2 * tokens * keys * dim
+
+
+def _transformer_block(tokens: int, keys: int, dim: int, hidden: int) -> int:
+    """Pre-norm block: qkv, attention, projection, two-layer MLP; ``keys`` = tokens each query sees."""
+    return (_linear(tokens, dim, 3 * dim) + _attention(tokens, keys, dim) + _linear(tokens, dim, dim)
+            + _linear(tokens, dim, hidden) + _linear(tokens, hidden, dim))
+
+
+def _vit_flops(params: Params, width: int, num_classes: int, prefix: int, heads: int) -> int:
+    """Patch embedding on N = (H/P)^2 patches, depth blocks over T = N + prefix tokens, ``heads`` heads."""
+    g, v = params.geometry, params.models.vit
+    n = g.grid**2
+    tokens = n + prefix
+    patch = _linear(n, g.patch_size**2 * g.channels, width)  # the stride-P convolution is this matmul
+    blocks = v.depth * _transformer_block(tokens, tokens, width, int(width * v.mlp_ratio))
+    return patch + blocks + heads * _linear(1, width, num_classes)
+
+
+def _swin_flops(params: Params, width: int, num_classes: int) -> int:
+    """Patch embedding, then per stage: patch merging (stages > 0) and window-attention blocks.
+
+    Stage i has dim ``width * 2**i`` on an R_i x R_i grid (R_0 = H / swin patch, halved per stage); a
+    window is ``min(window_size, R_i)`` per side (timm's shrink), so every token attends to w_i^2 keys; the
+    shifted-window mask changes which keys, not how many products are computed.
+    """
+    g, s = params.geometry, params.models.swin
+    res = g.image_size // s.patch_size
+    total = _linear(res * res, s.patch_size**2 * g.channels, width)
+    dim = width
+    for i, depth in enumerate(s.depths):
+        if i > 0:
+            res //= 2
+            total += _linear(res * res, 4 * dim, 2 * dim)  # PatchMerging: concat 2x2 neighbours, project
+            dim *= 2
+        window = min(s.window_size, res)
+        total += depth * _transformer_block(res * res, window * window, dim, int(dim * s.mlp_ratio))
+    return total + _linear(1, dim, num_classes)
+
+
+def _resnet_flops(params: Params, width: int, num_classes: int) -> int:
+    """3x3 stride-1 stem, BasicBlocks (two 3x3 convs), 1x1 projection where the shape changes, fc head."""
+    g, r = params.geometry, params.models.resnet
+    res, c_in = g.image_size, width
+    total = _linear(res * res, 9 * g.channels, width)  # a k x k convolution is a (k*k*c_in -> c_out) matmul
+    for i, blocks in enumerate(r.layers):
+        c = width * 2**i
+        if i > 0:
+            res = (res + 1) // 2  # a stride-2 3x3 conv with padding 1 (and the 1x1 shortcut) rounds up
+        for j in range(blocks):
+            first_in = c_in if j == 0 else c
+            total += _linear(res * res, 9 * first_in, c) + _linear(res * res, 9 * c, c)
+            if j == 0 and (i > 0 or c_in != c):
+                total += _linear(res * res, c_in, c)  # projection shortcut
+        c_in = c
+    return total + _linear(1, c_in, num_classes)
+
+
+_FAMILY_FLOPS = {
+    "vit": lambda p, w, k: _vit_flops(p, w, k, prefix=0, heads=1),
+    "deit": lambda p, w, k: _vit_flops(p, w, k, prefix=2, heads=2),  # class + distillation token, two heads
+    "swin": _swin_flops,
+    "resnet": _resnet_flops,
+}
+assert {spec.family for spec in SPECS.values()} == set(_FAMILY_FLOPS)
+
+
+def analytic_forward_flops(arch: str, params: Params, width: int, num_classes: int) -> int:
+    """Forward FLOPs per image from the architecture's layout (convention in the module docstring)."""
+    return _FAMILY_FLOPS[arch_spec(arch).family](params, width, num_classes)
+
+
+# --------------------------------------------------------------------------- training budget
+def train_flops_per_image(forward_flops: int, teacher_forward_flops: int = 0) -> int:
+    """Training FLOPs per image: 3 x the student's forward, plus 1 x a distillation teacher's forward."""
+    return TRAIN_FORWARD_MULTIPLE * forward_flops + teacher_forward_flops
+
+
+def training_flops(forward_flops: int, images_seen: int, teacher_forward_flops: int = 0) -> int:
+    """Training FLOPs for ``images_seen`` images (teacher cost included when ``teacher_forward_flops``)."""
+    return train_flops_per_image(forward_flops, teacher_forward_flops) * images_seen
+
+
+def teacher_flops(teacher_forward_flops: int, images_seen: int) -> int:
+    """What a distillation teacher adds to a student's run: one eval-mode forward per student image."""
+    return teacher_forward_flops * images_seen
+
+
+def steps_for_flops(target_train_flops: int, flops_per_image: int, batch_size: int) -> int:
+    """Optimizer steps that spend ``target_train_flops`` (the "equal training FLOPs" matching mode).
+
+    ``flops_per_image`` is a *training* cost per image (:func:`train_flops_per_image`; include the teacher
+    when its cost is charged to the student). Rounded to the nearest step, at least one, so the spent
+    budget differs from the target by at most half a step's FLOPs.
+    """
+    for name, value in (("target_train_flops", target_train_flops), ("flops_per_image", flops_per_image),
+                        ("batch_size", batch_size)):
+        if value <= 0:
+            raise ValueError(f"{name}: must be positive, got {value}")
+    return max(1, math.floor(target_train_flops / (flops_per_image * batch_size) + 0.5))
+
+
+# --------------------------------------------------------------------------- per-architecture table
+def architecture_table(params: Params, num_classes: int | None = None) -> pd.DataFrame:
+    """One row per architecture at its solved width: parameters and forward FLOPs per image.
+
+    Columns: arch, description, width, params, deviation (params / target - 1), forward_flops (analytic),
+    forward_flops_counted (``FlopCounterMode``, MATH attention), forward_flops_counted_fused (default CPU
+    attention backend: the attention products vanish), train_flops_per_image (3 x forward), solve_seconds.
+    ``num_classes`` defaults to ``models.reference_classes``.
+    """
+    num_classes = num_classes or params.models.reference_classes
+    table = budget_table(params, num_classes)
+    rows = []
+    for arch, width in zip(table.arch, table.width, strict=True):
+        model = build_model(arch, params, num_classes, width=int(width))
+        analytic = analytic_forward_flops(arch, params, int(width), num_classes)
+        rows.append({
+            "description": arch_spec(arch).description,
+            "forward_flops": analytic,
+            "forward_flops_counted": measured_forward_flops(model, params),
+            "forward_flops_counted_fused": measured_forward_flops(model, params, math_attention=False),
+            "train_flops_per_image": train_flops_per_image(analytic),
+        })
+    out = pd.concat([table, pd.DataFrame(rows)], axis=1)
+    first = ["arch", "description", "width", "params", "deviation"]
+    return out[first + [c for c in out.columns if c not in first]]

@@ -1,0 +1,266 @@
+"""One training run, end to end: data in, Lightning fit with resume, per-slice metrics and MLflow out.
+
+Shared by the ``train`` and ``teacher`` stages. Counts (parameters, images, tokens, steps, FLOPs) and
+measurements (wall time, throughput, peak memory) are recorded apart, both in the metrics JSON that DVC
+tracks and in the run's MLflow record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import resource
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline import budget, tracking
+from pipeline.config import Params
+from pipeline.distill import WEIGHTS, load_teacher
+from pipeline.io import write_json, write_with
+from pipeline.stages.common import StageError
+
+FLOPS_CONVENTION = "2 FLOPs per multiply-add of matmul/conv ops (torch FlopCounterMode, MATH attention); train = 3 x forward"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What one run trains, on what, and where it writes."""
+
+    stage: str  # "train" or "teacher": the MLflow experiment
+    task: str
+    arch: str
+    seed: int
+    train_size: int
+    data_dir: Path  # data/tasks/<task>
+    slices_dir: Path  # data/slices/<task>
+    out_dir: Path  # metrics.json, predictions.npz (DVC outs)
+    ckpt_dir: Path  # Lightning checkpoints (persisted across interruptions)
+    teacher_dir: Path | None = None  # a teacher stage output (DeiT students only)
+    label: str = ""  # the name results go by when it differs from the model (deit_vit: a deit from a ViT)
+
+    @property
+    def model_name(self) -> str:
+        return self.label or self.arch
+
+    @property
+    def name(self) -> str:
+        return f"{self.task}/{self.model_name}/n{self.train_size}/s{self.seed}"
+
+
+def load_split(spec: RunSpec):
+    """Arrays + indices for a task; every missing or inconsistent file is a one-line :class:`StageError`."""
+    from pipeline.train import Split
+
+    files = {k: spec.data_dir / f for k, f in
+             {"images": "images.npy", "labels": "labels.npy", "meta": "meta.json"}.items()}
+    files["indices"] = spec.slices_dir / "indices.npz"
+    files["manifest"] = spec.slices_dir / "manifest.json"
+    for path in files.values():
+        if not path.exists():
+            raise StageError(f"{path}: missing (run the data and slice stages: dvc repro)")
+    try:
+        images = np.load(files["images"], allow_pickle=False)
+        labels = np.load(files["labels"], allow_pickle=False)
+        with np.load(files["indices"], allow_pickle=False) as z:
+            indices = {k: z[k] for k in z.files}
+        meta = json.loads(files["meta"].read_text())
+        manifest = json.loads(files["manifest"].read_text())
+    except (ValueError, OSError, json.JSONDecodeError) as err:
+        raise StageError(f"{spec.data_dir} or {spec.slices_dir}: unreadable ({err})") from None
+    if images.ndim != 4 or images.dtype != np.uint8 or len(images) != len(labels):
+        raise StageError(f"{files['images']}: expected uint8 (N,H,W,C) matching labels, got "
+                         f"{images.dtype} {images.shape} vs {labels.shape}")
+    key = f"train_{spec.train_size}"
+    if key not in indices:
+        sizes = sorted(int(k.removeprefix("train_")) for k in indices if k.startswith("train_"))
+        raise StageError(f"{files['indices']}: no training subset of size {spec.train_size} (have {sizes})")
+    split = Split(images=images, labels=labels.astype(np.int64), indices=indices,
+                  num_classes=int(meta["num_classes"]))
+    return split, meta, manifest
+
+
+def _config_hash(spec: RunSpec, params: Params, extra: dict) -> str:
+    """Identity of a run's configuration: a checkpoint from any other configuration is never resumed."""
+    blob = json.dumps({"spec": {k: str(v) for k, v in asdict(spec).items()},
+                       "params": params.model_dump(mode="json"), **extra}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _prepare_ckpt_dir(ckpt_dir: Path, config_hash: str) -> tuple[Path | None, str | None]:
+    """Keep a checkpoint (and the MLflow run it belongs to) only if it was made by this exact config."""
+    stamp = ckpt_dir / "config.json"
+    if stamp.exists():
+        saved = json.loads(stamp.read_text())
+        if saved.get("config_hash") == config_hash and (ckpt_dir / "last.ckpt").exists():
+            return ckpt_dir / "last.ckpt", saved.get("mlflow_run_id")
+    shutil.rmtree(ckpt_dir, ignore_errors=True)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    return None, None
+
+
+def tokens_per_image(model, params: Params) -> int:
+    """Image tokens the first layer sees: patches for ViT/DeiT/Swin, pixel positions for the CNN."""
+    pe = getattr(model, "patch_embed", None)
+    if pe is not None and getattr(pe, "num_patches", None):
+        return int(pe.num_patches)
+    return params.geometry.image_size ** 2
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run(spec: RunSpec, params: Params, save_weights: bool = False) -> dict:
+    """Train (or resume) one run and write ``metrics.json`` + ``predictions.npz``; returns the metrics.
+
+    With ``spec.teacher_dir`` the model is a DeiT student distilled from the verified teacher found there.
+    ``save_weights`` also writes the final ``state_dict`` (a teacher's checkpoint for its students).
+    """
+    import lightning as L
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    from pipeline.models import build_model, param_count
+    from pipeline.train import ArrayData, Classifier, ProgressLine, predict, slice_accuracy
+
+    cfg = params.train
+    split, meta, manifest = load_split(spec)
+    L.seed_everything(spec.seed, workers=True, verbose=False)
+    torch.set_num_threads(cfg.threads)
+
+    teacher, teacher_record = None, None
+    if spec.teacher_dir is not None:
+        teacher, teacher_record = load_teacher(spec.teacher_dir, spec.task, params, split.num_classes)
+    model = build_model(spec.arch, params, split.num_classes)
+    if hasattr(model, "set_distilled_training"):
+        model.set_distilled_training(teacher is not None)
+    n_params = param_count(model)
+    fwd_flops = budget.measured_forward_flops(model, params)
+    teacher_fwd = teacher_record["forward_flops_per_image"] if teacher_record else 0
+    steps = cfg.steps
+    if cfg.budget_mode == "flops":
+        ref = build_model(cfg.flops_reference_arch, params, split.num_classes)
+        target = budget.training_flops(budget.measured_forward_flops(ref, params), cfg.steps * cfg.batch_size)
+        steps = budget.steps_for_flops(target, budget.train_flops_per_image(fwd_flops), cfg.batch_size)
+    images_seen = steps * cfg.batch_size
+    counts = {
+        "params": n_params,
+        "optimizer_steps": steps,
+        "batch_size": cfg.batch_size,
+        "images_seen": images_seen,
+        "tokens_per_image": tokens_per_image(model, params),
+        "tokens_seen": images_seen * tokens_per_image(model, params),
+        "forward_flops_per_image": fwd_flops,
+        "train_flops": budget.training_flops(fwd_flops, images_seen),
+        # Distillation: the teacher's eval-mode forward on every student image, and its own training run
+        # (charged in full to every student it teaches, not amortised).
+        "teacher_forward_flops": budget.teacher_flops(teacher_fwd, images_seen),
+        "teacher_train_flops": teacher_record["train_flops"] if teacher_record else 0,
+        "flops_convention": FLOPS_CONVENTION,
+    }
+    counts["total_flops_with_teacher"] = (counts["train_flops"] + counts["teacher_forward_flops"]
+                                          + counts["teacher_train_flops"])
+
+    config_hash = _config_hash(spec, params, {"teacher": (teacher_record or {}).get("checkpoint_sha256")})
+    resume_from, run_id = _prepare_ckpt_dir(spec.ckpt_dir, config_hash)
+    uri = tracking.tracking_uri(params)
+    experiment = tracking.experiment_name(params, spec.stage)
+    tracking.ensure_experiment(experiment, uri)
+    tags = {"task": spec.task, "arch": spec.model_name, "model": spec.arch, "seed": str(spec.seed), "train_size": str(spec.train_size),
+            "git_commit": tracking.git_commit(), "data_sha256": manifest.get("data_sha256", ""),
+            "slices_sha256": manifest.get("sha256", {}).get(f"train_{spec.train_size}", ""),
+            "config_hash": config_hash}
+    if teacher_record:
+        tags.update({f"teacher.{k}": str(v) for k, v in teacher_record.items()})
+    logger = MLFlowLogger(experiment_name=experiment, tracking_uri=uri, run_name=spec.name, tags=tags,
+                          run_id=run_id, log_model=False)
+    write_json(spec.ckpt_dir / "config.json", {"config_hash": config_hash, "mlflow_run_id": logger.run_id})
+    if resume_from is None:
+        logger.log_hyperparams({**tracking.flatten(cfg.model_dump(mode="json"), "train."),
+                                **tracking.flatten(params.models.model_dump(mode="json"), "models."),
+                                **tracking.flatten(params.geometry.model_dump(mode="json"), "geometry."),
+                                "arch": spec.model_name, "model": spec.arch, "task": spec.task, "seed": spec.seed,
+                                "train_size": spec.train_size, "num_classes": split.num_classes,
+                                **{f"budget.{k}": v for k, v in counts.items()}})
+
+    module = Classifier(model, lr=cfg.lr, weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps,
+                        total_steps=steps, min_lr_ratio=cfg.min_lr_ratio, label_smoothing=cfg.label_smoothing,
+                        teacher=teacher, soft_distillation=params.distill.soft,
+                        distillation_tau=params.distill.tau)
+    data = ArrayData(split, f"train_{spec.train_size}", cfg.batch_size, cfg.eval_batch_size, spec.seed)
+    # Epoch-end checkpoints only: the sampler's order is a function of (seed, epoch), so a resume replays
+    # exactly the batches an uninterrupted run sees.
+    ckpt = ModelCheckpoint(dirpath=spec.ckpt_dir, save_last=True, save_top_k=0, every_n_epochs=1,
+                           save_on_train_epoch_end=True)
+    trainer = L.Trainer(
+        max_steps=steps, accelerator=cfg.accelerator, devices=cfg.devices, strategy=cfg.strategy,
+        num_nodes=cfg.num_nodes, precision=cfg.precision, deterministic=True, logger=logger,
+        callbacks=[ckpt, ProgressLine(spec.name, steps)], val_check_interval=min(cfg.val_every_steps, steps), check_val_every_n_epoch=None,
+        log_every_n_steps=cfg.log_every_steps, gradient_clip_val=cfg.grad_clip or None,
+        enable_progress_bar=False, enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    t0 = time.perf_counter()
+    trainer.fit(module, datamodule=data, ckpt_path=resume_from)
+    wall = time.perf_counter() - t0
+
+    logits = predict(model, split.images[split.indices["test"]], cfg.eval_batch_size)
+    pred = np.full(len(split.labels), -1, dtype=np.int64)
+    pred[split.indices["test"]] = logits.argmax(-1)
+    slices = slice_accuracy(pred, split.labels, split.indices)
+    # Consistency under a one-pixel shift (cyclic, along x): how often the prediction survives a translation
+    # that moves content across patch boundaries.
+    shifted = predict(model, np.roll(split.images[split.indices["test"]], 1, axis=2), cfg.eval_batch_size)
+    shift_consistency = float((shifted.argmax(-1) == logits.argmax(-1)).mean())
+    steps_run = trainer.global_step - (int(torch.load(resume_from, weights_only=True)["global_step"])
+                                       if resume_from else 0)
+    measured = {
+        "wall_time_s": wall,
+        "resumed": resume_from is not None,
+        "steps_this_process": steps_run,
+        "images_per_s": steps_run * cfg.batch_size / wall if wall > 0 else 0.0,
+        "peak_rss_mb": peak_rss_mb(),
+    }
+    val = trainer.callback_metrics.get("val/acc")
+    metrics = {
+        "task": spec.task, "arch": spec.model_name, "model": spec.arch, "seed": spec.seed, "train_size": spec.train_size,
+        "test_acc": slices["test"]["acc"], "val_acc": float(val) if val is not None else None,
+        "shift_consistency": shift_consistency, "slices": slices, "budget": counts, "measured": measured, "mlflow_run_id": logger.run_id,
+        "config_hash": config_hash, "data_sha256": tags["data_sha256"],
+        **({"teacher": teacher_record} if teacher_record else {}),
+    }
+    client = logger.experiment
+    for key, v in {"test/acc": slices["test"]["acc"], "test/shift_consistency": shift_consistency, **{f"test/{k}": s["acc"] for k, s in slices.items()
+                                                         if k != "test"},
+                   **{f"budget/{k}": v for k, v in counts.items() if isinstance(v, (int, float))},
+                   **{f"measured/{k}": float(v) for k, v in measured.items()}}.items():
+        client.log_metric(logger.run_id, re.sub(r"[^\w./ -]", "_", key), float(v))
+    if save_weights:
+        write_with(spec.out_dir / WEIGHTS, lambda tmp: torch.save(model.state_dict(), tmp))
+    write_with(spec.out_dir / "predictions.npz",
+               lambda tmp: np.savez_compressed(tmp.open("wb"), index=split.indices["test"], logits=logits))
+    write_json(spec.out_dir / "metrics.json", metrics)
+    client.log_artifact(logger.run_id, str(spec.out_dir / "metrics.json"))
+    return metrics
+
+
+def run_pool(specs: list[RunSpec], params: Params, workers: int, save_weights: bool = False) -> list[dict]:
+    """Run several seeds side by side, one single-threaded process per core.
+
+    On this 2-core machine two 1-thread processes train 11-77% faster than one 2-thread process
+    (DESIGN.md s4), and ``dvc repro`` runs stages one at a time, so the parallelism lives here. ``fork``
+    pays the torch/Lightning import once per stage instead of once per run.
+    """
+    import multiprocessing
+
+    if workers <= 1 or len(specs) <= 1:
+        return [run(s, params, save_weights) for s in specs]
+    with multiprocessing.get_context("fork").Pool(min(workers, len(specs))) as pool:
+        return pool.starmap(run, [(s, params, save_weights) for s in specs])

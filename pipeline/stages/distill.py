@@ -1,0 +1,49 @@
+"""`distill` stage: one DeiT student (distillation token) per task and seed, from a verified teacher.
+
+The student label (``deit``, ``deit_vit``) and its teacher architecture come from ``distill.students``.
+Every run refuses to start if the teacher's weights do not match the sha256 in its provenance record.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pipeline.config import ConfigError, load_params
+from pipeline.stages.common import quiet_lightning, stage_main
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--params", default="params.yaml")
+    p.add_argument("--student", required=True, help="a key of distill.students")
+    p.add_argument("--teachers", type=Path, required=True, help="the teacher stage output of this student's teacher")
+    p.add_argument("--data", type=Path, required=True)
+    p.add_argument("--slices", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--ckpt", type=Path, required=True)
+    return p.parse_args(argv)
+
+
+@stage_main
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    params = load_params(args.params)
+    if args.student not in params.distill.students:
+        raise ConfigError(f"{args.params}: distill.students: no student named {args.student!r}")
+    quiet_lightning()
+    from pipeline.experiment import RunSpec, run_pool
+
+    specs = [RunSpec(stage="train", task=task, arch="deit", label=args.student, seed=seed,
+                     train_size=params.train.size, data_dir=args.data / task, slices_dir=args.slices / task,
+                     out_dir=args.out / task / f"n{params.train.size}" / f"s{seed}",
+                     ckpt_dir=args.ckpt / task / f"n{params.train.size}" / f"s{seed}", teacher_dir=args.teachers)
+             for task in params.distill.tasks for seed in params.train.seeds]
+    print(f"distill {args.student}: {len(specs)} runs on {params.train.workers} worker(s)", flush=True)
+    for m in run_pool(specs, params, params.train.workers):
+        print(f"{m['task']}/{m['arch']}/s{m['seed']}: test acc {m['test_acc']:.3f} "
+              f"(teacher {m['teacher']['arch']} {m['teacher']['test_acc']:.3f})")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

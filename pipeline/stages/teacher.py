@@ -1,0 +1,55 @@
+"""`teacher` stage: train one teacher architecture on every distilled task, and record its provenance.
+
+Outputs per task: ``<out>/<task>/model.pt`` (the weights students load), ``provenance.json`` (what students
+cite: run id, architecture, checkpoint sha256, data and slice hashes, accuracy, compute), ``metrics.json``
+and ``predictions.npz`` (for teacher-agreement measures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from pipeline.config import ConfigError, load_params
+from pipeline.stages.common import quiet_lightning, stage_main
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--params", default="params.yaml")
+    p.add_argument("--arch", required=True, help="teacher architecture (one of distill.teachers)")
+    p.add_argument("--data", type=Path, required=True)
+    p.add_argument("--slices", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--ckpt", type=Path, required=True)
+    return p.parse_args(argv)
+
+
+@stage_main
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    params = load_params(args.params)
+    if args.arch not in params.distill.teachers:
+        raise ConfigError(f"{args.params}: distill.teachers: {args.arch!r} is not a configured teacher")
+    quiet_lightning()
+    from pipeline.distill import PROVENANCE, WEIGHTS, provenance
+    from pipeline.experiment import RunSpec, run_pool
+    from pipeline.io import write_json
+
+    size, seed = params.train.size, params.distill.teacher_seed
+    specs = [RunSpec(stage="teacher", task=task, arch=args.arch, seed=seed, train_size=size,
+                     data_dir=args.data / task, slices_dir=args.slices / task, out_dir=args.out / task,
+                     ckpt_dir=args.ckpt / task)
+             for task in params.distill.tasks]
+    print(f"teacher {args.arch}: {len(specs)} runs on {params.train.workers} worker(s)", flush=True)
+    for spec, m in zip(specs, run_pool(specs, params, params.train.workers, save_weights=True), strict=True):
+        manifest = json.loads((spec.slices_dir / "manifest.json").read_text())
+        record = provenance(m, spec.out_dir / WEIGHTS, manifest.get("sha256", {}).get(f"train_{size}", ""))
+        write_json(spec.out_dir / PROVENANCE, record)
+        print(f"teacher {args.arch} on {spec.task}: test acc {m['test_acc']:.3f}, "
+              f"sha256 {record['checkpoint_sha256'][:12]}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,62 @@
+"""`train` stage: every (task, train size, seed) run of one architecture; dvc.yaml's matrix expands the archs.
+
+``--grid main`` trains ``train.tasks`` at ``train.size``; ``--grid curve`` trains ``train.curve.tasks`` at every
+``train.curve.sizes`` (the data-size axis). Runs of one stage share its process pool (see
+:func:`pipeline.experiment.run_pool`). Outputs per run: ``<out>/<task>/n<size>/s<seed>/metrics.json`` and
+``predictions.npz``; checkpoints in ``<ckpt>/...`` (a persisted DVC output: an interrupted run resumes).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pipeline.config import ConfigError, Params, load_params
+from pipeline.stages.common import quiet_lightning, stage_main
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--params", default="params.yaml")
+    p.add_argument("--arch", required=True)
+    p.add_argument("--grid", choices=("main", "curve"), default="main")
+    p.add_argument("--data", type=Path, required=True, help="data/tasks (one folder per task)")
+    p.add_argument("--slices", type=Path, required=True, help="data/slices (one folder per task)")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--ckpt", type=Path, required=True, help="checkpoint folder (persisted for resume)")
+    return p.parse_args(argv)
+
+
+def grid(params: Params, which: str) -> list[tuple[str, int, int]]:
+    """(task, train size, seed) of every run in the main grid or on the data-size curve."""
+    t = params.train
+    tasks, sizes = (t.tasks, [t.size]) if which == "main" else (t.curve.tasks, t.curve.sizes)
+    return [(task, size, seed) for task in tasks for size in sizes for seed in t.seeds]
+
+
+@stage_main
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    params = load_params(args.params)
+    quiet_lightning()
+    from pipeline.models import ARCHS  # heavy imports only once the params are known to be valid
+
+    if args.arch not in ARCHS:
+        raise ConfigError(f"{args.params}: train.archs: unknown architecture {args.arch!r} "
+                          f"(known: {', '.join(ARCHS)})")
+    from pipeline.experiment import RunSpec, run_pool
+
+    stage = "train" if args.grid == "main" else "curve"
+    specs = [RunSpec(stage=stage, task=task, arch=args.arch, seed=seed, train_size=size,
+                     data_dir=args.data / task, slices_dir=args.slices / task,
+                     out_dir=args.out / task / f"n{size}" / f"s{seed}",
+                     ckpt_dir=args.ckpt / task / f"n{size}" / f"s{seed}")
+             for task, size, seed in grid(params, args.grid)]
+    print(f"{stage} {args.arch}: {len(specs)} runs on {params.train.workers} worker(s)", flush=True)
+    for m in run_pool(specs, params, params.train.workers):
+        print(f"{m['task']}/{m['arch']}/n{m['train_size']}/s{m['seed']}: test acc {m['test_acc']:.3f} "
+              f"({m['measured']['wall_time_s']:.1f} s)")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,217 @@
+"""Lightning pieces: a DataModule over the sliced arrays and one LightningModule for every architecture.
+
+The plain ``nn.Module`` (from :mod:`pipeline.models`) knows nothing of Lightning; :class:`Classifier` only
+joins loss, metrics, optimizer and schedule. DeiT students add a distillation head whose target is a frozen
+teacher's hard label (DeiT's "hard distillation"); see :func:`distillation_loss`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Sampler, TensorDataset
+
+# uint8 images -> roughly zero-mean, unit-scale floats; the same fixed map for every task and architecture.
+PIXEL_MEAN, PIXEL_STD = 127.5, 64.0
+
+
+def to_tensor(images: np.ndarray) -> torch.Tensor:
+    """(N, H, W, C) uint8 -> (N, C, H, W) float32, normalised."""
+    x = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).float()
+    return (x - PIXEL_MEAN) / PIXEL_STD
+
+
+@dataclass(frozen=True)
+class Split:
+    """Arrays of one task, cut by the slice stage's indices."""
+
+    images: np.ndarray  # (N, H, W, C) uint8
+    labels: np.ndarray  # (N,) int64
+    indices: dict[str, np.ndarray]  # "train_<n>", "val", "test", "slice/<factor>=<value>"
+    num_classes: int
+
+
+class EpochShuffle(Sampler[int]):
+    """A fresh permutation per epoch that depends only on (seed, epoch).
+
+    Lightning calls ``set_epoch`` before every epoch, so a run resumed from an epoch-end checkpoint sees
+    exactly the batches an uninterrupted run would have seen.
+    """
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed, self.epoch = n, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        return iter(torch.randperm(self.n, generator=gen).tolist())
+
+
+class ArrayData(L.LightningDataModule):
+    """Train on ``train_<n>``, validate on ``val``; the test set is predicted separately (see ``predict_test``)."""
+
+    def __init__(self, split: Split, train_key: str, batch_size: int, eval_batch_size: int, seed: int):
+        super().__init__()
+        self.split, self.train_key = split, train_key
+        self.batch_size, self.eval_batch_size, self.seed = batch_size, eval_batch_size, seed
+
+    def _dataset(self, key: str) -> TensorDataset:
+        idx = self.split.indices[key]
+        return TensorDataset(to_tensor(self.split.images[idx]), torch.from_numpy(self.split.labels[idx]))
+
+    def train_dataloader(self) -> DataLoader:
+        data = self._dataset(self.train_key)
+        if len(data) < self.batch_size:
+            raise ValueError(f"train set {self.train_key} has {len(data)} samples, fewer than one batch")
+        return DataLoader(data, batch_size=self.batch_size, sampler=EpochShuffle(len(data), self.seed),
+                          drop_last=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self._dataset("val"), batch_size=self.eval_batch_size)
+
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(self._dataset("test"), batch_size=self.eval_batch_size)
+
+
+def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    """Learning-rate multiplier: linear warmup over ``warmup`` steps, then cosine to ``min_ratio``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def distillation_loss(cls_logits: torch.Tensor, dist_logits: torch.Tensor, labels: torch.Tensor,
+                      teacher_logits: torch.Tensor, soft: bool = False, tau: float = 1.0,
+                      label_smoothing: float = 0.0) -> torch.Tensor:
+    """DeiT's loss: mean of the class head's CE on labels and the distillation head's loss on the teacher.
+
+    Hard distillation (DeiT's default): CE against the teacher's argmax. Soft: tau^2 * KL(teacher || student)
+    at temperature tau. Both heads weigh 1/2.
+    """
+    base = F.cross_entropy(cls_logits, labels, label_smoothing=label_smoothing)
+    if soft:
+        distill = F.kl_div(F.log_softmax(dist_logits / tau, dim=-1), F.log_softmax(teacher_logits / tau, dim=-1),
+                           reduction="batchmean", log_target=True) * tau * tau
+    else:
+        distill = F.cross_entropy(dist_logits, teacher_logits.argmax(dim=-1))
+    return 0.5 * base + 0.5 * distill
+
+
+class Classifier(L.LightningModule):
+    """Cross-entropy classification (optionally DeiT distillation) with AdamW and warmup+cosine."""
+
+    def __init__(self, model: nn.Module, *, lr: float, weight_decay: float, warmup_steps: int, total_steps: int,
+                 min_lr_ratio: float = 0.0, label_smoothing: float = 0.0, teacher: nn.Module | None = None,
+                 soft_distillation: bool = False, distillation_tau: float = 1.0):
+        super().__init__()
+        self.model = model
+        self.teacher = teacher
+        if teacher is not None:
+            teacher.eval().requires_grad_(False)
+        self.hp = dict(lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps, total_steps=total_steps,
+                       min_lr_ratio=min_lr_ratio, label_smoothing=label_smoothing,
+                       soft_distillation=soft_distillation, distillation_tau=distillation_tau)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.model(x)
+        # A distilled ViT in training mode returns (class, distillation) logits; inference averages the heads.
+        return (out[0] + out[1]) / 2 if isinstance(out, tuple) else out
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        out = self.model(x)
+        if isinstance(out, tuple):
+            if self.teacher is None:
+                raise RuntimeError("a distilled model needs a teacher")
+            self.teacher.eval()  # Lightning puts every submodule in train mode; the teacher stays frozen
+            with torch.no_grad():
+                t = self.teacher(x)
+            loss = distillation_loss(out[0], out[1], y, t, self.hp["soft_distillation"], self.hp["distillation_tau"],
+                                     self.hp["label_smoothing"])
+            logits = (out[0] + out[1]) / 2
+        else:
+            loss = F.cross_entropy(out, y, label_smoothing=self.hp["label_smoothing"])
+            logits = out
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"non-finite training loss {loss.item()} at step {self.global_step}")
+        acc = (logits.argmax(-1) == y).float().mean()
+        self.log_dict({"train/loss": loss, "train/acc": acc}, on_step=True, on_epoch=False)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self(x)
+        self.log_dict({"val/loss": F.cross_entropy(logits, y), "val/acc": (logits.argmax(-1) == y).float().mean()},
+                      on_step=False, on_epoch=True)
+
+    def predict_step(self, batch, batch_idx):
+        return self(batch[0])
+
+    def configure_optimizers(self):
+        hp = self.hp
+        decay, no_decay = [], []
+        for name, p in self.model.named_parameters():
+            if p.requires_grad:
+                # Norms, biases and embeddings/tokens are not decayed (the usual ViT/DeiT recipe).
+                (no_decay if p.ndim <= 1 or "pos_embed" in name or "token" in name else decay).append(p)
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": hp["weight_decay"]},
+                                 {"params": no_decay, "weight_decay": 0.0}], lr=hp["lr"])
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: warmup_cosine(s, hp["warmup_steps"], hp["total_steps"], hp["min_lr_ratio"]))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class ProgressLine(L.Callback):
+    """One line per validation ("name step k/N loss acc"): readable when several runs share a terminal."""
+
+    def __init__(self, name: str, total_steps: int):
+        self.name, self.total = name, total_steps
+
+    def on_validation_end(self, trainer, pl_module):
+        m = trainer.callback_metrics
+        loss, acc = m.get("train/loss"), m.get("val/acc")
+        print(f"  {self.name}: step {trainer.global_step}/{self.total}"
+              + (f" train loss {float(loss):.3f}" if loss is not None else "")
+              + (f" val acc {float(acc):.3f}" if acc is not None else ""), flush=True)
+
+
+def predict(model: nn.Module, images: np.ndarray, batch_size: int = 1000) -> np.ndarray:
+    """Logits (N, K) float32 of ``model`` in eval mode (averaging DeiT's two heads)."""
+    model.eval()
+    outs = []
+    with torch.inference_mode():
+        for start in range(0, len(images), batch_size):
+            out = model(to_tensor(images[start:start + batch_size]))
+            outs.append((out[0] + out[1]) / 2 if isinstance(out, tuple) else out)
+    return torch.cat(outs).float().numpy()
+
+
+def slice_accuracy(pred: np.ndarray, labels: np.ndarray, indices: dict[str, np.ndarray]) -> dict[str, dict]:
+    """Accuracy overall on ``test`` and on every ``slice/...`` (index arrays into the full task arrays).
+
+    ``pred`` holds the predicted class of every sample of the task (-1 where not predicted).
+    """
+    out = {}
+    for key in ["test", *sorted(k for k in indices if k.startswith("slice/"))]:
+        idx = indices[key]
+        if len(idx):
+            out[key] = {"acc": float((pred[idx] == labels[idx]).mean()), "n": int(len(idx))}
+    return out
+
+
+def last_checkpoint(ckpt_dir: Path) -> Path | None:
+    path = ckpt_dir / "last.ckpt"
+    return path if path.exists() else None

@@ -1,0 +1,125 @@
+"""Compute accounting: analytic FLOPs equal torch's counter, the SDPA gap is real, the budget arithmetic."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from pipeline.budget import (
+    TRAIN_FORWARD_MULTIPLE,
+    analytic_forward_flops,
+    measured_forward_flops,
+    steps_for_flops,
+    teacher_flops,
+    train_flops_per_image,
+    training_flops,
+)
+from pipeline.config import ConfigError, Geometry, Models, Params, parse_params
+from pipeline.models import ARCHS, build_model
+
+torch.set_num_threads(1)
+
+SMALL = parse_params({  # default 16-px geometry, small models
+    "models": {
+        "vit": {"depth": 2, "num_heads": 2, "mlp_ratio": 2.0},
+        "swin": {"patch_size": 4, "window_size": 2, "depths": [2, 2], "num_heads": [2, 4], "mlp_ratio": 1.5},
+        "resnet": {"layers": [2, 1]},
+    },
+})
+WIDTH, CLASSES = 12, 5
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_analytic_equals_counter(arch):
+    model = build_model(arch, SMALL, CLASSES, width=WIDTH)
+    counted = measured_forward_flops(model, SMALL)
+    assert counted > 0
+    assert analytic_forward_flops(arch, SMALL, WIDTH, CLASSES) == counted
+
+
+def test_analytic_follows_a_different_geometry():
+    # 12x12 images, 3-px patches; a 3-stage Swin (12 -> 6 -> 3 tokens a side, 3x3 windows: the last stage is
+    # one window); a 4-stage ResNet whose odd 3-px stage rounds up to 2. model_copy skips the cross-section
+    # checks on purpose: the synthetic tasks' glyph sizes do not fit 3-px patches, the FLOP formulas must.
+    params = Params().model_copy(update={
+        "geometry": Geometry(image_size=12, patch_size=3),
+        "models": Models(vit={"depth": 1, "num_heads": 4, "mlp_ratio": 3.0},
+                         swin={"patch_size": 1, "window_size": 3, "depths": [2, 1, 1], "num_heads": [1, 2, 4]},
+                         resnet={"layers": [1, 1, 1, 1]}),
+    })
+    for arch in ("vit", "deit", "swin", "resnet"):
+        model = build_model(arch, params, 7, width=8)
+        assert analytic_forward_flops(arch, params, 8, 7) == measured_forward_flops(model, params), arch
+
+
+def test_default_attention_backend_hides_vit_attention_from_the_counter():
+    # Documents the stack fact: CPU fused SDPA counts 0, so only the MATH backend sees Q K^T and A V.
+    model = build_model("vit", SMALL, CLASSES, width=WIDTH)
+    math = measured_forward_flops(model, SMALL)
+    fused = measured_forward_flops(model, SMALL, math_attention=False)
+    tokens = SMALL.geometry.grid**2
+    attention = SMALL.models.vit.depth * 2 * 2 * tokens * tokens * WIDTH
+    assert math - fused == attention, f"gap {math - fused}, attention products {attention}"
+
+
+def test_counting_restores_the_training_mode():
+    model = build_model("resnet", SMALL, CLASSES, width=WIDTH).train()
+    measured_forward_flops(model, SMALL)
+    assert model.training
+
+
+def test_unknown_arch_is_a_config_error():
+    with pytest.raises(ConfigError, match="^arch: unknown"):
+        analytic_forward_flops("mlp", SMALL, WIDTH, CLASSES)
+
+
+def test_training_convention_and_teacher_cost():
+    forward, teacher, images = 1_000, 4_000, 256
+    assert TRAIN_FORWARD_MULTIPLE == 3
+    assert training_flops(forward, images) == 3 * forward * images
+    assert teacher_flops(teacher, images) == teacher * images
+    assert training_flops(forward, images, teacher) == 3 * forward * images + teacher * images
+    assert train_flops_per_image(forward, teacher) * images == training_flops(forward, images, teacher)
+
+
+def test_steps_for_flops_matches_a_budget():
+    per_image, batch = train_flops_per_image(3_527_776), 64
+    target = training_flops(3_527_776, 1_500 * batch)
+    assert steps_for_flops(target, per_image, batch) == 1_500
+    step = per_image * batch
+    assert steps_for_flops(target + step * 0.4, per_image, batch) == 1_500  # nearest step
+    assert steps_for_flops(target + step * 0.6, per_image, batch) == 1_501
+    assert steps_for_flops(1, per_image, batch) == 1  # never zero steps
+    with pytest.raises(ValueError, match="^batch_size: must be positive"):
+        steps_for_flops(target, per_image, 0)
+
+
+def test_budget_stage_writes_tables_and_rejects_bad_params(tmp_path, capsys):
+    import yaml
+
+    from pipeline.stages.budget import main
+
+    good = tmp_path / "params.yaml"
+    good.write_text(yaml.safe_dump({"models": {
+        "param_target": 8000, "param_tolerance": 0.3, "reference_classes": 3,
+        "vit": {"depth": 2, "num_heads": 2, "mlp_ratio": 2.0},
+        "swin": {"patch_size": 4, "window_size": 2, "depths": [2, 2], "num_heads": [2, 4]},
+        "resnet": {"layers": [1, 1]},
+    }}))
+    report = tmp_path / "report"
+    assert main(["--params", str(good), "--report", str(report)]) == 0
+    table = pd.read_csv(report / "architectures.csv")
+    assert list(table.arch) == list(ARCHS)
+    assert (table.forward_flops == table.forward_flops_counted).all()
+    assert (table.forward_flops_counted_fused <= table.forward_flops_counted).all()
+    layout = pd.read_csv(report / "swin_layout.csv")
+    assert set(layout.arch) == {"swin", "swin_noshift"}
+    assert "| vit_sincos" in (report / "README.md").read_text()
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"models": {"param_target": 30}}))
+    assert main(["--params", str(bad), "--report", str(tmp_path / "nothing")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: models.param_target:") and "\n" not in err, err
+    assert not (tmp_path / "nothing").exists()
