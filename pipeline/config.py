@@ -144,48 +144,90 @@ class Models(Section):
 
 
 # --------------------------------------------------------------------------- training
+# The params section each architecture reads. The train/curve/teacher matrices map an architecture to its
+# section in params.yaml (e.g. ``vit_nopos: vit``) so that dvc.yaml can declare exactly ``models.<section>``
+# per entry: editing ``models.swin`` reruns swin and swin_noshift, nothing else.
+ARCH_SECTIONS = {"vit": "vit", "vit_nopos": "vit", "vit_sincos": "vit", "deit": "vit",
+                 "swin": "swin", "swin_noshift": "swin", "resnet": "resnet"}
+
+
+def _check_archs(archs: dict[str, str], key: str) -> None:
+    for arch, section in archs.items():
+        if arch not in ARCH_SECTIONS:
+            raise ValueError(f"{key}.{arch}: unknown architecture (known: {', '.join(ARCH_SECTIONS)})")
+        if section != ARCH_SECTIONS[arch]:
+            raise ValueError(f"{key}.{arch}: reads models.{ARCH_SECTIONS[arch]}, not models.{section}")
+
+
 class Curve(Section):
     """The data-size axis: these tasks x archs are also trained on every size in ``sizes``."""
 
     tasks: list[str] = ["natural"]
-    archs: list[str] = ["vit", "resnet"]
+    archs: dict[str, str] = {"vit": "vit", "resnet": "resnet"}
     sizes: list[PosInt] = [1000, 4000]
 
+    @model_validator(mode="after")
+    def _archs(self) -> Curve:
+        _check_archs(self.archs, "archs")
+        return self
 
-class Train(Section):
-    """One recipe for every architecture (tuning effort is matched: the same knobs for all)."""
 
-    tasks: list[str] = ["alignment", "scale", "relation", "arrangement", "natural"]
-    archs: list[str] = ["vit", "vit_nopos", "vit_sincos", "swin", "swin_noshift", "resnet"]
-    seeds: list[NonNegInt] = [0, 1]
-    size: PosInt = 4000  # training-set size of the main grid (one of slice.train_sizes)
-    workers: PosInt = 2  # seeds trained side by side, one single-thread process each
-    curve: Curve = Curve()
+class Recipe(Section):
+    """One recipe for every architecture: tuning effort is matched by construction (the same knobs for all)."""
+
     budget_mode: Literal["steps", "flops"] = "steps"  # equal optimizer steps+data, or equal training FLOPs
     steps: PosInt = 600  # optimizer steps (budget_mode=steps), or the reference arch's steps (flops)
-    flops_reference_arch: str = "vit"  # budget_mode=flops: every arch gets this arch's training FLOPs
+    flops_reference_arch: str = "vit"  # budget_mode=flops: every arch spends this arch's training FLOPs
     batch_size: PosInt = 64
     lr: PosFloat = 1e-3
     weight_decay: Annotated[float, Field(ge=0)] = 0.05
     warmup_steps: NonNegInt = 50
     min_lr_ratio: Fraction = 0.0  # cosine decays to lr * min_lr_ratio
-    label_smoothing: Fraction = 0.0
+    label_smoothing: Annotated[float, Field(ge=0, lt=1)] = 0.0
     grad_clip: Annotated[float, Field(ge=0)] = 1.0  # 0 disables
-    val_every_steps: PosInt = 100
-    log_every_steps: PosInt = 20
-    eval_batch_size: PosInt = 1000
-    threads: PosInt = 1  # torch threads per training process
-    # Lightning's own scaling knobs (see README "Scaling"): passed straight to lightning.Trainer.
+
+    @model_validator(mode="after")
+    def _ranges(self) -> Recipe:
+        if self.warmup_steps >= self.steps:
+            raise ValueError(f"warmup_steps: {self.warmup_steps} must be below steps {self.steps}")
+        if self.flops_reference_arch not in ARCH_SECTIONS:
+            raise ValueError(f"flops_reference_arch: unknown architecture {self.flops_reference_arch!r}")
+        return self
+
+
+class Runtime(Section):
+    """How runs execute. Lightning's own scaling knobs go straight to ``lightning.Trainer`` (README "Scaling")."""
+
+    workers: PosInt = 2  # runs side by side, one process each (2 cores: two 1-thread processes)
+    threads: PosInt = 1  # torch threads per process
     accelerator: str = "cpu"
     devices: int | str = 1
     strategy: str = "auto"
     num_nodes: PosInt = 1
     precision: str = "32-true"
+    val_every_steps: PosInt = 100
+    log_every_steps: PosInt = 20
+    checkpoint_every_steps: PosInt = 50  # resume granularity after an interruption
+    eval_batch_size: PosInt = 1000
+
+
+class Train(Section):
+    """The grid (tasks x archs x seeds at one size, plus the data-size curve), the recipe, the runtime."""
+
+    tasks: list[str] = ["alignment", "scale", "relation", "arrangement", "natural"]
+    archs: dict[str, str] = {"vit": "vit", "vit_nopos": "vit", "vit_sincos": "vit", "swin": "swin",
+                             "swin_noshift": "swin", "resnet": "resnet"}
+    seeds: list[NonNegInt] = [0, 1]
+    size: PosInt = 4000  # training-set size of the main grid (one of slice.train_sizes)
+    curve: Curve = Curve()
+    recipe: Recipe = Recipe()
+    runtime: Runtime = Runtime()
 
     @model_validator(mode="after")
-    def _ranges(self) -> Train:
-        if self.warmup_steps >= self.steps:
-            raise ValueError(f"warmup_steps: {self.warmup_steps} must be below steps {self.steps}")
+    def _archs(self) -> Train:
+        _check_archs(self.archs, "archs")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds: must be a non-empty list of distinct seeds, got {self.seeds}")
         return self
 
 
@@ -193,7 +235,7 @@ class Train(Section):
 class Distill(Section):
     """Teachers (trained by the ``teacher`` stage) and the DeiT students distilled from them."""
 
-    teachers: list[str] = ["resnet", "vit"]  # teacher architectures (a CNN and, as the control, a ViT)
+    teachers: dict[str, str] = {"resnet": "resnet", "vit": "vit"}  # teacher arch: its models section
     students: dict[str, str] = {"deit": "resnet", "deit_vit": "vit"}  # student label -> its teacher arch
     tasks: list[str] = ["alignment", "scale", "relation", "arrangement"]
     teacher_seed: NonNegInt = 0
@@ -202,6 +244,7 @@ class Distill(Section):
 
     @model_validator(mode="after")
     def _students(self) -> Distill:
+        _check_archs(self.teachers, "teachers")
         for student, teacher in self.students.items():
             if teacher not in self.teachers:
                 raise ValueError(f"students.{student}: teacher {teacher!r} is not in distill.teachers")
@@ -343,7 +386,7 @@ class Slicing(Section):
 
     @model_validator(mode="after")
     def _increasing(self) -> Slicing:
-        if any(a >= b for a, b in zip(self.train_sizes, self.train_sizes[1:])):
+        if any(a >= b for a, b in zip(self.train_sizes, self.train_sizes[1:], strict=False)):
             raise ValueError(f"train_sizes: {self.train_sizes} must be strictly increasing")
         return self
 

@@ -108,3 +108,16 @@ def stage_run(params: Params, stage: str, run_name: str, tags: dict[str, str] | 
     all_tags = {"stage": stage, "git_commit": git_commit(), **(tags or {})}
     with mlflow.start_run(experiment_id=exp_id, run_name=run_name, tags=all_tags) as run:
         yield run
+
+
+def end_stale_run(run_id: str, uri: str) -> None:
+    """Mark a run that can no longer be resumed KILLED (only if it is still RUNNING)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        if client.get_run(run_id).info.status == "RUNNING":
+            client.set_terminated(run_id, "KILLED")
+    except MlflowException:
+        pass  # the run was deleted or belongs to another store: nothing to end

@@ -8,6 +8,7 @@ teacher's hard label (DeiT's "hard distillation"); see :func:`distillation_loss`
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,34 +39,43 @@ class Split:
     num_classes: int
 
 
-class EpochShuffle(Sampler[int]):
-    """A fresh permutation per epoch that depends only on (seed, epoch).
+class StepBatches(Sampler[list[int]]):
+    """Batch ``k`` of a run is a pure function of (seed, k): the ``k % steps_per_epoch``-th slice of the
+    permutation drawn for epoch ``k // steps_per_epoch``.
 
-    Lightning calls ``set_epoch`` before every epoch, so a run resumed from an epoch-end checkpoint sees
-    exactly the batches an uninterrupted run would have seen.
+    The whole run is one Lightning epoch of ``total`` batches, and iteration starts at ``start()`` (the
+    trainer's global step), so a run resumed from a mid-run checkpoint sees exactly the batches an
+    uninterrupted run sees from there on. (A plain dataloader restarts from its first batch on resume.)
     """
 
-    def __init__(self, n: int, seed: int):
-        self.n, self.seed, self.epoch = n, seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def __init__(self, n: int, batch_size: int, seed: int, total: int, start: Callable[[], int] = lambda: 0):
+        if n < batch_size:
+            raise ValueError(f"{n} training samples are fewer than one batch of {batch_size}")
+        self.n, self.batch_size, self.seed, self.total, self.start = n, batch_size, seed, total, start
 
     def __len__(self) -> int:
-        return self.n
+        return self.total
 
     def __iter__(self):
-        gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        return iter(torch.randperm(self.n, generator=gen).tolist())
+        per_epoch = self.n // self.batch_size  # the last partial batch of each permutation is dropped
+        epoch, perm = -1, None
+        for k in range(self.start(), self.total):
+            e, j = divmod(k, per_epoch)
+            if e != epoch:
+                gen = torch.Generator().manual_seed(self.seed * 100_003 + e)
+                epoch, perm = e, torch.randperm(self.n, generator=gen)
+            yield perm[j * self.batch_size:(j + 1) * self.batch_size].tolist()
 
 
 class ArrayData(L.LightningDataModule):
-    """Train on ``train_<n>``, validate on ``val``; the test set is predicted separately (see ``predict_test``)."""
+    """Train on ``train_<n>`` for ``total_steps`` batches, validate on ``val``, test on ``test``."""
 
-    def __init__(self, split: Split, train_key: str, batch_size: int, eval_batch_size: int, seed: int):
+    def __init__(self, split: Split, train_key: str, batch_size: int, eval_batch_size: int, seed: int,
+                 total_steps: int):
         super().__init__()
         self.split, self.train_key = split, train_key
         self.batch_size, self.eval_batch_size, self.seed = batch_size, eval_batch_size, seed
+        self.total_steps = total_steps
 
     def _dataset(self, key: str) -> TensorDataset:
         idx = self.split.indices[key]
@@ -73,10 +83,9 @@ class ArrayData(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         data = self._dataset(self.train_key)
-        if len(data) < self.batch_size:
-            raise ValueError(f"train set {self.train_key} has {len(data)} samples, fewer than one batch")
-        return DataLoader(data, batch_size=self.batch_size, sampler=EpochShuffle(len(data), self.seed),
-                          drop_last=True)
+        batches = StepBatches(len(data), self.batch_size, self.seed, self.total_steps,
+                              start=lambda: self.trainer.global_step)
+        return DataLoader(data, batch_sampler=batches)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self._dataset("val"), batch_size=self.eval_batch_size)

@@ -39,3 +39,7 @@ def quiet_lightning() -> None:
     for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
         logging.getLogger(name).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*(LeafSpec|logging interval|does not have many workers).*")
+    # Safe here: a run's batches are a function of the global step (pipeline.train.StepBatches), so a
+    # mid-epoch resume with a fresh dataloader continues the exact batch sequence.
+    warnings.filterwarnings("ignore", message=".*dataloader is not resumable.*")
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)

@@ -32,15 +32,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.student not in params.distill.students:
         raise ConfigError(f"{args.params}: distill.students: no student named {args.student!r}")
     quiet_lightning()
-    from pipeline.experiment import RunSpec, run_pool
+    from pipeline.experiment import RunSpec, prune, run_pool
 
     specs = [RunSpec(stage="train", task=task, arch="deit", label=args.student, seed=seed,
                      train_size=params.train.size, data_dir=args.data / task, slices_dir=args.slices / task,
                      out_dir=args.out / task / f"n{params.train.size}" / f"s{seed}",
                      ckpt_dir=args.ckpt / task / f"n{params.train.size}" / f"s{seed}", teacher_dir=args.teachers)
              for task in params.distill.tasks for seed in params.train.seeds]
-    print(f"distill {args.student}: {len(specs)} runs on {params.train.workers} worker(s)", flush=True)
-    for m in run_pool(specs, params, params.train.workers):
+    prune(args.out, [s.out_dir for s in specs])
+    print(f"distill {args.student}: {len(specs)} runs on {params.train.runtime.workers} worker(s)", flush=True)
+    for m in run_pool(specs, params, params.train.runtime.workers):
         print(f"{m['task']}/{m['arch']}/s{m['seed']}: test acc {m['test_acc']:.3f} "
               f"(teacher {m['teacher']['arch']} {m['teacher']['test_acc']:.3f})")
 

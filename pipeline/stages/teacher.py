@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
         raise ConfigError(f"{args.params}: distill.teachers: {args.arch!r} is not a configured teacher")
     quiet_lightning()
     from pipeline.distill import PROVENANCE, WEIGHTS, provenance
-    from pipeline.experiment import RunSpec, run_pool
+    from pipeline.experiment import RunSpec, prune, run_pool
     from pipeline.io import write_json
 
     size, seed = params.train.size, params.distill.teacher_seed
@@ -42,8 +42,9 @@ def main(argv: list[str] | None = None) -> None:
                      data_dir=args.data / task, slices_dir=args.slices / task, out_dir=args.out / task,
                      ckpt_dir=args.ckpt / task)
              for task in params.distill.tasks]
-    print(f"teacher {args.arch}: {len(specs)} runs on {params.train.workers} worker(s)", flush=True)
-    for spec, m in zip(specs, run_pool(specs, params, params.train.workers, save_weights=True), strict=True):
+    prune(args.out, [s.out_dir for s in specs])
+    print(f"teacher {args.arch}: {len(specs)} runs on {params.train.runtime.workers} worker(s)", flush=True)
+    for spec, m in zip(specs, run_pool(specs, params, params.train.runtime.workers, save_weights=True), strict=True):
         manifest = json.loads((spec.slices_dir / "manifest.json").read_text())
         record = provenance(m, spec.out_dir / WEIGHTS, manifest.get("sha256", {}).get(f"train_{size}", ""))
         write_json(spec.out_dir / PROVENANCE, record)

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.arch not in ARCHS:
         raise ConfigError(f"{args.params}: train.archs: unknown architecture {args.arch!r} "
                           f"(known: {', '.join(ARCHS)})")
-    from pipeline.experiment import RunSpec, run_pool
+    from pipeline.experiment import RunSpec, prune, run_pool
 
     stage = "train" if args.grid == "main" else "curve"
     specs = [RunSpec(stage=stage, task=task, arch=args.arch, seed=seed, train_size=size,
@@ -52,8 +52,9 @@ def main(argv: list[str] | None = None) -> None:
                      out_dir=args.out / task / f"n{size}" / f"s{seed}",
                      ckpt_dir=args.ckpt / task / f"n{size}" / f"s{seed}")
              for task, size, seed in grid(params, args.grid)]
-    print(f"{stage} {args.arch}: {len(specs)} runs on {params.train.workers} worker(s)", flush=True)
-    for m in run_pool(specs, params, params.train.workers):
+    prune(args.out, [s.out_dir for s in specs])
+    print(f"{stage} {args.arch}: {len(specs)} runs on {params.train.runtime.workers} worker(s)", flush=True)
+    for m in run_pool(specs, params, params.train.runtime.workers):
         print(f"{m['task']}/{m['arch']}/n{m['train_size']}/s{m['seed']}: test acc {m['test_acc']:.3f} "
               f"({m['measured']['wall_time_s']:.1f} s)")
 

@@ -1,0 +1,1 @@
+"""Micro-benchmarks: run each as ``python -m bench.<name>``."""

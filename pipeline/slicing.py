@@ -1,0 +1,130 @@
+"""Nested, class-balanced training subsets, fixed validation/test splits, and per-factor evaluation slices.
+
+Conventions (every task):
+- ``val`` and every ``train_<n>`` come from the pool's ``fit`` rows, ``test`` from its ``eval`` rows, so a
+  task with a training range (alignment offsets, scale sizes) tests on the full range;
+- ``train_<n>`` are nested: per class, one random order of the fit rows left after ``val``, and
+  ``train_<n>`` takes its first ``n // K`` (+1 for the first ``n % K`` classes) from each class, so every
+  smaller subset is a subset of every larger one and class counts differ by at most one;
+- ``slice/<factor>=<value>`` are subsets of ``test`` (one per value found there), plus ``slice/id`` and
+  ``slice/ood`` where the test split holds samples outside the training distribution;
+- every index array is int64, sorted ascending, into the task's ``images.npy``/``labels.npy``.
+"""
+
+from __future__ import annotations
+
+import zlib
+from itertools import pairwise
+
+import numpy as np
+import pandas as pd
+
+from pipeline.config import ConfigError, Slicing
+from pipeline.io import sha256_bytes
+from pipeline.stages.common import StageError
+from pipeline.tasks.common import ROLE_EVAL, ROLE_FIT
+
+
+def per_class_counts(n: int, k: int) -> np.ndarray:
+    """(k,) counts summing to n, each n // k or n // k + 1; monotone in n, so nested draws stay nested."""
+    return n // k + (np.arange(k) < n % k)
+
+
+def _class_orders(rng: np.random.Generator, labels: np.ndarray, rows: np.ndarray, k: int) -> list[np.ndarray]:
+    """Per class, the candidate rows in one random order."""
+    return [rng.permutation(rows[labels[rows] == c]) for c in range(k)]
+
+
+def _take(orders: list[np.ndarray], counts: np.ndarray, key: str, task: str) -> np.ndarray:
+    short = [c for c, (o, m) in enumerate(zip(orders, counts, strict=True)) if len(o) < m]
+    if short:
+        c = short[0]
+        raise ConfigError(f"{key}: needs {counts[c]} samples of class {c} in {task}, "
+                          f"the pool has {len(orders[c])}")
+    return np.sort(np.concatenate([o[:m] for o, m in zip(orders, counts, strict=True)])).astype(np.int64)
+
+
+def make_splits(labels: np.ndarray, factors: pd.DataFrame, num_classes: int, slice_factors: list[str],
+                cfg: Slicing, seed: int, task: str) -> dict[str, np.ndarray]:
+    """All index arrays for one task: ``train_<n>``, ``val``, ``test``, ``slice/<factor>=<value>``.
+
+    labels: (N,) int64; factors: N rows with ``role``, ``id`` and the ``slice_factors`` columns.
+    Raises ConfigError (naming the ``slice.*`` key) when the pool is too small for a requested size.
+    """
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, zlib.crc32(f"slice/{task}".encode())])))
+    role = factors["role"].to_numpy()
+    fit, ev = np.flatnonzero(role == ROLE_FIT), np.flatnonzero(role == ROLE_EVAL)
+    k = num_classes
+    out = {"test": _take(_class_orders(rng, labels, ev, k), per_class_counts(cfg.test_size, k),
+                         "slice.test_size", task)}
+    val = _take(_class_orders(rng, labels, fit, k), per_class_counts(cfg.val_size, k), "slice.val_size", task)
+    out["val"] = val
+    orders = _class_orders(rng, labels, np.setdiff1d(fit, val), k)
+    for n in cfg.train_sizes:
+        out[f"train_{n}"] = _take(orders, per_class_counts(n, k), "slice.train_sizes", task)
+
+    test_factors = factors.iloc[out["test"]]
+    for col in slice_factors:
+        for value, rows in test_factors.groupby(col, sort=True).groups.items():
+            out[f"slice/{col}={_fmt(value)}"] = np.sort(np.asarray(rows, dtype=np.int64))
+    in_dist = test_factors["id"].to_numpy(dtype=bool)
+    if not in_dist.all():
+        out["slice/id"] = out["test"][in_dist]
+        out["slice/ood"] = out["test"][~in_dist]
+    check_splits(out)
+    return out
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, bool | np.bool_):
+        return str(bool(value)).lower()
+    return str(value)
+
+
+def check_splits(arrays: dict[str, np.ndarray]) -> None:
+    """Invariants (else a StageError naming the array): nothing empty; train/val/test pairwise disjoint;
+    train subsets nested; slices inside test."""
+    for name, idx in arrays.items():
+        if len(idx) == 0:
+            raise StageError(f"{name}: empty")
+        if len(np.unique(idx)) != len(idx):
+            raise StageError(f"{name}: repeated indices")
+    trains = sorted((n for n in arrays if n.startswith("train_")), key=lambda n: int(n.split("_")[1]))
+    for small, big in pairwise(trains):
+        if not np.isin(arrays[small], arrays[big]).all():
+            raise StageError(f"{small}: not a subset of {big}")
+    for a, b in (("val", "test"), (trains[-1], "val"), (trains[-1], "test")):
+        if np.intersect1d(arrays[a], arrays[b]).size:
+            raise StageError(f"{a}: overlaps {b}")
+    for name in arrays:
+        if name.startswith("slice/") and not np.isin(arrays[name], arrays["test"]).all():
+            raise StageError(f"{name}: not a subset of test")
+
+
+def manifest(arrays: dict[str, np.ndarray], labels: np.ndarray, factors: pd.DataFrame,
+             class_names: list[str], source: dict[str, str]) -> dict:
+    """Sizes, class counts, sha256 per array; factor ranges of train (largest)/val/test; the source hashes."""
+    largest = max((n for n in arrays if n.startswith("train_")), key=lambda n: int(n.split("_")[1]))
+    out = {"source": source, "arrays": {}}
+    for name, idx in arrays.items():
+        counts = np.bincount(labels[idx], minlength=len(class_names))
+        out["arrays"][name] = {
+            "size": len(idx),
+            "class_counts": dict(zip(class_names, counts.tolist(), strict=True)),
+            "sha256": sha256_bytes(np.ascontiguousarray(idx, dtype=np.int64).tobytes()),
+        }
+    out["factor_ranges"] = {name: factor_ranges(factors.iloc[arrays[name]]) for name in (largest, "val", "test")}
+    return out
+
+
+def factor_ranges(frame: pd.DataFrame, max_values: int = 32) -> dict[str, object]:
+    """Per column: [min, max] for numbers, the sorted distinct values for categories (or their count)."""
+    out: dict[str, object] = {}
+    for col in frame.columns:
+        s = frame[col]
+        if pd.api.types.is_bool_dtype(s) or not pd.api.types.is_numeric_dtype(s):
+            values = sorted(map(_fmt, s.unique()))
+            out[col] = values if len(values) <= max_values else f"{len(values)} distinct values"
+        else:
+            out[col] = [s.min().item(), s.max().item()]
+    return out

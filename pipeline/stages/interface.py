@@ -1,0 +1,87 @@
+"""DVC stage ``interface``: the level-1 exact checks (null space, patchify, permutation, pairs, reachability).
+
+Thin: load params, build the configured architectures, run :func:`pipeline.interface.study.run_all`,
+write tables/figures atomically, log to MLflow, and fail (exit 2) if any check did not hold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+import torch
+
+from pipeline import io
+from pipeline.config import load_params
+from pipeline.interface import report, study
+from pipeline.interface.checks import summary
+from pipeline.models import ARCHS, build_model
+from pipeline.stages.common import StageError, stage_main
+from pipeline.tracking import flatten, stage_run
+
+FIGURES = {"nullity": "nullity.png", "permutation": "permutation.png", "pairs": "pairs.png",
+           "reachability": "reachability.png"}
+REPORT_COPIES = ("reachability.csv", "reachability.json")  # the prediction, beside the report
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--params", default="params.yaml")
+    ap.add_argument("--out", required=True, help="directory for machine-readable results")
+    ap.add_argument("--report", required=True, help="directory for interface.md and figures")
+    return ap.parse_args(argv)
+
+
+@stage_main
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    params = load_params(args.params)
+    torch.set_num_threads(1)  # after imports (DESIGN s4); also keeps float sums bit-reproducible
+    out, rep = Path(args.out), Path(args.report)
+
+    models = {}
+    for arch in ARCHS:
+        torch.manual_seed(params.seed)  # initial weights: same params -> same files
+        models[arch] = build_model(arch, params, study.HEAD_CLASSES)
+    res = study.run_all(params, models)
+    key = study.key_numbers(res)
+    counts = summary(res.checks)
+
+    import pandas as pd  # after torch: keeps the import order of the heavy libraries fixed
+
+    io.write_with(out / "checks.csv", lambda p: pd.DataFrame([c.row() for c in res.checks]).to_csv(p, index=False))
+    for name, table in res.tables.items():
+        io.write_with(out / f"{name}.csv", lambda p, t=table: t.to_csv(p, index=False))
+    io.write_json(out / "reachability.json", study.reachability_json(res, params))
+    io.write_json(out / "summary.json", {"checks": counts, "key_numbers": key})
+    for name in REPORT_COPIES:
+        io.write_with(rep / name, lambda p, src=out / name: shutil.copyfile(src, p))
+
+    tables = res.tables
+    io.save_figure(report.nullity_figure(tables["nullity"]), rep / FIGURES["nullity"])
+    io.save_figure(report.permutation_figure(tables["permutation"], tables["vit_permutation"]),
+                   rep / FIGURES["permutation"])
+    io.save_figure(report.pairs_figure(tables["pairs"]), rep / FIGURES["pairs"])
+    io.save_figure(report.reachability_figure(tables["reachability"]), rep / FIGURES["reachability"])
+    io.write_text(rep / "interface.md", report.markdown(tables, res.checks, key, FIGURES))
+
+    logged = {k: v for k, v in params.model_dump().items() if k in ("interface", "geometry", "models")}
+    with stage_run(params, "interface", run_name="interface") as _:
+        import mlflow
+
+        mlflow.log_params(flatten(logged))
+        mlflow.log_metrics({f"checks.{k}": float(v) for k, v in counts.items()})
+        mlflow.log_metrics({k: v for k, v in key.items() if v == v})  # NaN is not a metric
+        mlflow.log_artifacts(str(out), artifact_path="data")
+        mlflow.log_artifacts(str(rep), artifact_path="report")
+
+    failed = [c for c in res.checks if not c.held]
+    if failed:
+        first = failed[0]
+        raise StageError(f"{len(failed)} of {len(res.checks)} interface checks failed; first: "
+                         f"{first.family}: {first.name}: expected {first.expected}, got {first.actual:g}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,82 @@
+"""Stage ``slice``: cut one task's pool into nested training subsets, val, test and evaluation slices.
+
+Reads ``<data>/labels.npy``, ``factors.csv`` and ``meta.json`` (checking the labels against their recorded
+sha256); writes ``<out>/indices.npz`` (int64 arrays, byte-deterministic) and ``<out>/manifest.json``
+together, or nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pipeline.config import ConfigError, load_params
+from pipeline.io import sha256_bytes, sha256_file, write_json
+from pipeline.slicing import make_splits, manifest
+from pipeline.stages.common import StageError, stage_main
+from pipeline.stages.generate import atomic_dir
+from pipeline.tasks import TASKS
+
+
+def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Like ``np.savez`` (``np.load`` reads it) but with fixed zip timestamps, so equal arrays give equal
+    bytes and DVC sees an unchanged output when nothing changed."""
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as zf:
+        for name in sorted(arrays):
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            with zf.open(info, "w", force_zip64=True) as fh:
+                np.lib.format.write_array(fh, np.ascontiguousarray(arrays[name]), allow_pickle=False)
+
+
+def load_task(folder: Path) -> tuple[np.ndarray, pd.DataFrame, dict]:
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+        labels = np.load(folder / "labels.npy")
+        factors = pd.read_csv(folder / "factors.csv", keep_default_na=False)
+    except (OSError, ValueError) as err:
+        raise StageError(f"{folder}: cannot read the task data ({err})") from None
+    if sha256_bytes(labels.tobytes()) != meta["sha256"]["labels"]:
+        raise StageError(f"{folder / 'labels.npy'}: sha256 differs from meta.json (modified after generation?)")
+    return labels, factors, meta
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--params", default="params.yaml")
+    ap.add_argument("--task", required=True)
+    ap.add_argument("--data", required=True, help="the task's folder from the data stage")
+    ap.add_argument("--out", required=True, help="folder for indices.npz and manifest.json")
+    return ap.parse_args(argv)
+
+
+@stage_main
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    params = load_params(args.params)
+    if args.task not in params.tasks.names:
+        raise ConfigError(f"{args.params}: tasks.names: {args.task!r} is not an enabled task {params.tasks.names}")
+    data = Path(args.data)
+    labels, factors, meta = load_task(data)
+    spec = TASKS[args.task]
+    factors = factors.join(spec.derive(factors, params))
+    try:
+        arrays = make_splits(labels, factors, meta["num_classes"], spec.slice_factors, params.slice,
+                             params.seed, args.task)
+    except ConfigError as err:
+        raise ConfigError(f"{args.params}: {err}") from None
+    source = {"images_sha256": meta["sha256"]["images"], "labels_sha256": meta["sha256"]["labels"],
+              "factors_sha256": sha256_file(data / "factors.csv")}
+    with atomic_dir(args.out) as tmp:
+        save_npz(tmp / "indices.npz", arrays)
+        write_json(tmp / "manifest.json", manifest(arrays, labels, factors, meta["class_names"], source))
+    sizes = {k: len(v) for k, v in arrays.items() if not k.startswith("slice/")}
+    print(f"{args.task}: {sizes}, {sum(k.startswith('slice/') for k in arrays)} slices -> {args.out}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

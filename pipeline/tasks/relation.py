@@ -1,0 +1,145 @@
+"""``relation`` (long range): the label is an ordered relation between two designated marks' colours.
+
+Every mark is a ``mark_size`` px square of a palette colour inside a 1 px frame, placed in its own patch
+cell. Mark A has a white frame, mark B a mid-grey one, ``clutter`` distractor marks a dark-grey one.
+Label 1 (``B_follows_A``): colour(B) = colour(A) + 1 (mod K); label 0 (``B_precedes_A``): colour(A) - 1.
+
+Why not same/different colour: if the image's colour histogram is independent of the label, the expected
+number of equal-colour mark pairs is too, and that number is [A == B] + (terms involving distractors), so
+a distractor must correlate with A or B: some other pair of marks then gives the label away (a probe's
+same/different task was also solvable from the histogram alone). An ordered relation has no such identity:
+both classes show an unordered pair of cyclically adjacent colours {c, c + 1}. Samples come in twins that
+share everything (positions, distractors, noise) except that A's and B's colours are exchanged, which flips
+the label: per twin the colour histogram is identical, and each mark's colour is uniform in both classes.
+
+The designated pair is drawn at a controlled Chebyshev distance in patch cells (uniform over the possible
+distances ``1..G-1``, then uniform over the cell pairs at that distance); marks jitter inside their cell
+when ``mark_size + 2 < P``. Window membership depends on the model (Swin window in px), so it is derived
+at slice time by :func:`window_factors`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from pipeline.config import Geometry, RelationParams
+from pipeline.tasks.common import TaskData, roles, split_counts, task_rng
+
+SLICE_FACTORS = ["distance_tokens", "window", "shifted_window"]
+
+# Content colours (distinct hues, none of them grey, so no content colour equals a frame colour).
+PALETTE = np.array([[230, 25, 75], [60, 180, 75], [0, 130, 200], [255, 225, 25],
+                    [245, 130, 48], [145, 30, 180], [70, 240, 240], [240, 50, 230]], dtype=np.uint8)
+FRAME_A, FRAME_B, FRAME_DISTRACTOR = 255, 128, 64  # grey levels, identical in every class
+
+
+def cell_pairs(grid: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All ordered pairs of distinct cells (i, j) in a grid x grid layout, sorted by Chebyshev distance.
+
+    Returns (i, j, distance), each (G^2 (G^2 - 1),) int64; cell index = row * G + column.
+    """
+    i, j = np.meshgrid(np.arange(grid * grid), np.arange(grid * grid), indexing="ij")
+    i, j = i[i != j], j[i != j]
+    dist = np.maximum(np.abs(i // grid - j // grid), np.abs(i % grid - j % grid))
+    order = np.argsort(dist, kind="stable")
+    return i[order], j[order], dist[order]
+
+
+def generate(n: int, seed: int, geometry: Geometry, cfg: RelationParams) -> TaskData:
+    if n % 2:
+        raise ValueError(f"relation: n must be even (samples come in label-swapped twins), got {n}")
+    rng = task_rng(seed, "relation")
+    p, g, k = geometry.patch_size, geometry.grid, cfg.num_colours
+    mark = cfg.mark_size + 2
+    m = n // 2  # twin pairs
+    n_eval, n_fit = split_counts(n, cfg.eval_fraction)
+    n_eval -= n_eval % 2  # keep both twins in one role
+    n_fit = n - n_eval
+    ar = np.arange(m)
+
+    # Designated cells at a controlled distance: a distance uniformly, then a pair at that distance.
+    pi, pj, pd_ = cell_pairs(g)
+    dvals, starts, counts = np.unique(pd_, return_index=True, return_counts=True)
+    pick = rng.integers(0, len(dvals), m)
+    chosen = starts[pick] + rng.integers(0, counts[pick])
+    ca, cb, dist = pi[chosen], pj[chosen], pd_[chosen]
+    keys = rng.random((m, g * g))
+    keys[ar, ca] = keys[ar, cb] = 2.0  # never pick the designated cells for distractors
+    dcells = np.argsort(keys, axis=1)[:, : cfg.clutter]  # (m, clutter)
+
+    x = rng.integers(0, k, m)  # colour of A in the first twin; B gets x + 1
+    has = np.zeros((m, g * g), dtype=bool)
+    frame = np.zeros((m, g * g), dtype=np.uint8)
+    content = np.zeros((2, m, g * g, 3), dtype=np.uint8)  # [twin]
+    has[ar, ca] = has[ar, cb] = True
+    has[ar[:, None], dcells] = True
+    frame[ar, ca], frame[ar, cb] = FRAME_A, FRAME_B
+    frame[ar[:, None], dcells] = FRAME_DISTRACTOR
+    content[:, ar[:, None], dcells] = PALETTE[rng.integers(0, k, (m, cfg.clutter))]
+    content[0, ar, ca], content[0, ar, cb] = PALETTE[x], PALETTE[(x + 1) % k]
+    content[1, ar, ca], content[1, ar, cb] = PALETTE[(x + 1) % k], PALETTE[x]
+
+    # Pixels of every cell (m, G^2, P, P): frame ring and core of an M x M mark at its jitter.
+    jit = rng.integers(0, p - mark + 1, (m, g * g, 2))
+    u = np.arange(p)[None, None, :, None] - jit[..., 0, None, None]
+    v = np.arange(p)[None, None, None, :] - jit[..., 1, None, None]
+    inside = has[..., None, None] & (u >= 0) & (u < mark) & (v >= 0) & (v < mark)
+    ring = inside & ((u == 0) | (u == mark - 1) | (v == 0) | (v == mark - 1))
+    core = inside & ~ring
+    # ring and core are disjoint 0/1 masks on a black background, so a sum of products paints exactly;
+    # per channel on whole planes (numpy is slow on a 3-long innermost axis), channels moved last once.
+    ring_px = ring.view(np.uint8) * frame[..., None, None]  # (m, G^2, P, P)
+    cells = np.empty((2, m, 3, g * g, p, p), dtype=np.uint8)
+    for c in range(3):
+        np.multiply(core.view(np.uint8)[None], content[..., c, None, None], out=cells[:, :, c])
+        cells[:, :, c] += ring_px[None]
+    if cfg.noise:  # one noise field per twin pair: the twins differ only in A's and B's colours
+        noise = rng.integers(-cfg.noise, cfg.noise + 1, cells.shape[1:], dtype=np.int16)[None]
+        cells = np.clip(cells + noise, 0, 255).astype(np.uint8)
+    # (2, m, C, G, G, P, P) -> (m, 2, G, P, G, P, C) = (n, H, W, C), twins adjacent
+    images = cells.reshape(2, m, 3, g, g, p, p).transpose(1, 0, 3, 5, 4, 6, 2).reshape(n, g * p, g * p, 3)
+
+    ya, xa = (ca // g) * p + jit[ar, ca, 0], (ca % g) * p + jit[ar, ca, 1]
+    yb, xb = (cb // g) * p + jit[ar, cb, 0], (cb % g) * p + jit[ar, cb, 1]
+    twin = _per_sample
+    labels = np.tile(np.array([1, 0], dtype=np.int64), m)
+    colour_a = np.stack([x, (x + 1) % k], axis=1).reshape(n)
+    colour_b = np.stack([(x + 1) % k, x], axis=1).reshape(n)
+    factors = pd.DataFrame({
+        "distance_tokens": twin(dist),
+        "distance_px": np.round(np.hypot(twin(ya - yb), twin(xa - xb)), 3),
+        "ya": twin(ya), "xa": twin(xa), "yb": twin(yb), "xb": twin(xb),
+        "mark_px": mark,
+        "colour_a": colour_a, "colour_b": colour_b,
+        "pair": twin(ar),
+        "id": True,
+        "role": roles(n_eval, n_fit),
+    })
+    return TaskData(images, labels, factors, ["B_precedes_A", "B_follows_A"])
+
+
+def _per_sample(a: np.ndarray) -> np.ndarray:
+    """(m,) per twin pair -> (2m,) per sample."""
+    return np.repeat(a, 2)
+
+
+def window_factors(factors: pd.DataFrame, window_px: int, image_size: int) -> pd.DataFrame:
+    """Whether both marks lie inside one attention window, plain and shifted (Swin's cyclic shift by w/2).
+
+    factors: the relation factors (ya, xa, yb, xb, mark_px); window_px = swin patch_size * window_size (the
+    first stage's window in pixels). A pixel p is in window ((p - shift) mod H) // w, as after Swin's
+    ``roll(-shift)``. Returns columns ``window`` and ``shifted_window``, each ``"same"`` or ``"cross"``.
+    """
+    out = {}
+    last = factors["mark_px"].to_numpy() - 1
+    for name, shift in (("window", 0), ("shifted_window", window_px // 2)):
+        def wid(px: pd.Series, shift: int = shift) -> np.ndarray:
+            return ((px.to_numpy() - shift) % image_size) // window_px
+
+        same = np.ones(len(factors), dtype=bool)
+        for ya, yb in (("ya", "yb"), ("xa", "xb")):
+            ids = [wid(factors[ya]), wid(factors[ya] + last), wid(factors[yb]), wid(factors[yb] + last)]
+            same &= (ids[0] == ids[1]) & (ids[0] == ids[2]) & (ids[0] == ids[3])
+        out[name] = np.where(same, "same", "cross")
+    return pd.DataFrame(out, index=factors.index)

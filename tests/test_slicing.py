@@ -1,0 +1,145 @@
+"""Slicing: nested balanced subsets, disjoint splits, evaluation slices, errors, and the stage end to end."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from pipeline.config import ConfigError, Params, Slicing
+from pipeline.slicing import check_splits, make_splits, manifest, per_class_counts
+from pipeline.stages import generate as gen_stage
+from pipeline.stages import slice as slice_stage
+from pipeline.stages.common import StageError
+from pipeline.tasks import TASKS
+
+CFG = Slicing(train_sizes=[30, 60, 120], val_size=40, test_size=100)
+
+
+def pool(task: str, n: int = 600):
+    params = Params()
+    cfg = getattr(params.tasks, task)
+    data = TASKS[task].generate(n, 0, params.geometry, cfg)
+    factors = data.factors.join(TASKS[task].derive(data.factors, params))
+    return data, factors
+
+
+@pytest.mark.parametrize("task", ["alignment", "scale", "relation", "arrangement"])
+def test_splits_are_nested_balanced_disjoint(task):
+    data, factors = pool(task)
+    k = len(data.class_names)
+    out = make_splits(data.labels, factors, k, TASKS[task].slice_factors, CFG, seed=0, task=task)
+    role = factors["role"].to_numpy()
+    assert (role[out["test"]] == "eval").all() and (role[out["val"]] == "fit").all()
+    for n in CFG.train_sizes:
+        idx = out[f"train_{n}"]
+        assert idx.dtype == np.int64 and len(idx) == n and (np.diff(idx) > 0).all()
+        counts = np.bincount(data.labels[idx], minlength=k)
+        assert counts.max() - counts.min() <= 1
+    assert np.isin(out["train_30"], out["train_60"]).all() and np.isin(out["train_60"], out["train_120"]).all()
+    assert not np.intersect1d(out["train_120"], out["val"]).size and not np.intersect1d(out["val"], out["test"]).size
+    slices = [name for name in out if name.startswith("slice/")]
+    for col in TASKS[task].slice_factors:
+        assert any(s.startswith(f"slice/{col}=") for s in slices), col
+    # Each factor's slices partition the test split.
+    col = TASKS[task].slice_factors[0]
+    parts = np.concatenate([out[s] for s in slices if s.startswith(f"slice/{col}=")])
+    np.testing.assert_array_equal(np.sort(parts), out["test"])
+    again = make_splits(data.labels, factors, k, TASKS[task].slice_factors, CFG, seed=0, task=task)
+    assert all(np.array_equal(out[key], again[key]) for key in out)
+    other = make_splits(data.labels, factors, k, TASKS[task].slice_factors, CFG, seed=1, task=task)
+    assert not np.array_equal(out["train_120"], other["train_120"])
+
+
+def test_id_and_ood_slices_where_a_training_range_exists():
+    data, factors = pool("alignment")
+    out = make_splits(data.labels, factors, 4, ["offset"], CFG, seed=0, task="alignment")
+    assert len(out["slice/id"]) + len(out["slice/ood"]) == len(out["test"])
+    assert factors["id"].to_numpy()[out["slice/id"]].all() and not factors["id"].to_numpy()[out["slice/ood"]].any()
+    assert "slice/offset=3,3" in out  # every alignment is tested, though training saw dx, dy in [0, 1]
+    data, factors = pool("arrangement")  # no training range: no id/ood slices
+    assert "slice/id" not in make_splits(data.labels, factors, 2, ["dcol"], CFG, seed=0, task="arrangement")
+
+
+def test_per_class_counts_are_monotone():
+    prev = per_class_counts(0, 3)
+    for n in range(1, 50):
+        cur = per_class_counts(n, 3)
+        assert cur.sum() == n and (cur >= prev).all()
+        prev = cur
+
+
+@pytest.mark.parametrize("cfg, key", [
+    (Slicing(train_sizes=[30, 5000], val_size=40, test_size=100), "slice.train_sizes"),
+    (Slicing(train_sizes=[30], val_size=40, test_size=5000), "slice.test_size"),
+    (Slicing(train_sizes=[30], val_size=5000, test_size=100), "slice.val_size"),
+])
+def test_too_small_pool_names_the_key(cfg, key):
+    data, factors = pool("scale")
+    with pytest.raises(ConfigError, match=key):
+        make_splits(data.labels, factors, 4, ["size"], cfg, seed=0, task="scale")
+
+
+def test_check_splits_refuses_overlap_and_empty():
+    good = {"train_2": np.array([0, 1]), "val": np.array([2]), "test": np.array([3, 4]), "slice/a=1": np.array([3])}
+    check_splits(good)
+    with pytest.raises(StageError, match="val: overlaps test"):
+        check_splits({**good, "val": np.array([3])})
+    with pytest.raises(StageError, match="slice/a=1: empty"):
+        check_splits({**good, "slice/a=1": np.array([], dtype=np.int64)})
+    with pytest.raises(StageError, match="not a subset of test"):
+        check_splits({**good, "slice/a=1": np.array([0])})
+
+
+def test_manifest_records_sizes_counts_hashes_and_ranges():
+    data, factors = pool("scale")
+    out = make_splits(data.labels, factors, 4, ["size"], CFG, seed=0, task="scale")
+    man = manifest(out, data.labels, factors, data.class_names, {"labels_sha256": "x"})
+    assert man["arrays"]["train_120"]["size"] == 120
+    assert sum(man["arrays"]["val"]["class_counts"].values()) == 40
+    assert len(man["arrays"]["test"]["sha256"]) == 64
+    assert man["factor_ranges"]["train_120"]["size"][1] <= 8 < man["factor_ranges"]["test"]["size"][1]
+
+
+def test_slice_stage_end_to_end(tmp_path, capsys):
+    raw = {"tasks": {"names": ["relation"], "relation": {"n": 600}},
+           "slice": {"train_sizes": [50, 100], "val_size": 50, "test_size": 100}}
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(raw))
+    data = tmp_path / "tasks" / "relation"
+    assert gen_stage.main(["--params", str(params), "--task", "relation", "--out", str(data)]) == 0
+    outs = []
+    for run in ("a", "b"):
+        out = tmp_path / run
+        assert slice_stage.main(["--params", str(params), "--task", "relation", "--data", str(data),
+                                 "--out", str(out)]) == 0
+        outs.append(out)
+    blob = (outs[0] / "indices.npz").read_bytes()
+    assert blob == (outs[1] / "indices.npz").read_bytes()  # byte-deterministic
+    with np.load(outs[0] / "indices.npz") as z:
+        assert {"train_50", "train_100", "val", "test", "slice/window=same", "slice/window=cross",
+                "slice/distance_tokens=3"} <= set(z.files)
+        assert z["train_100"].dtype == np.int64
+    man = json.loads((outs[0] / "manifest.json").read_text())
+    meta = json.loads((data / "meta.json").read_text())
+    assert man["source"]["labels_sha256"] == meta["sha256"]["labels"]
+
+    # Too large a training size: one line naming the key, no output folder.
+    raw["slice"]["train_sizes"] = [50, 10_000]
+    params.write_text(yaml.safe_dump(raw))
+    fresh = tmp_path / "fresh"
+    assert slice_stage.main(["--params", str(params), "--task", "relation", "--data", str(data),
+                             "--out", str(fresh)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "slice.train_sizes" in err and "\n" not in err and not fresh.exists()
+
+    # Labels modified after generation: refused.
+    labels = np.load(data / "labels.npy")
+    np.save(data / "labels.npy", 1 - labels)
+    raw["slice"]["train_sizes"] = [50]
+    params.write_text(yaml.safe_dump(raw))
+    assert slice_stage.main(["--params", str(params), "--task", "relation", "--data", str(data),
+                             "--out", str(fresh)]) == 2
+    assert "sha256" in capsys.readouterr().err and not fresh.exists()

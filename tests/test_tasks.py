@@ -1,0 +1,347 @@
+"""Tasks: interface, determinism, factors read back from pixels, invariance proofs, CIFAR loading, stage I/O."""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+from pipeline.config import ConfigError, Geometry, NaturalParams, Params, parse_params
+from pipeline.stages import generate as gen_stage
+from pipeline.stages.common import StageError
+from pipeline.tasks import TASKS
+from pipeline.tasks.common import TaskData, image_to_cells
+from pipeline.tasks.natural import CLASSES, read_cifar10, resize
+from pipeline.tasks.relation import PALETTE, window_factors
+
+SYNTHETIC = ["alignment", "scale", "relation", "arrangement"]
+GEO = Geometry()  # 16 px, P = 4
+
+
+def make(task: str, n: int = 400, seed: int = 0, geometry: Geometry = GEO, **overrides) -> TaskData:
+    cfg = getattr(Params().tasks, task).model_copy(update=overrides)
+    return TASKS[task].generate(n, seed, geometry, cfg)
+
+
+def background(images: np.ndarray) -> np.ndarray:
+    """(N, C): the most frequent colour per image (objects cover far fewer pixels than the background)."""
+    n, h, w, c = images.shape
+    flat = images.reshape(n, h * w, c).astype(np.int64)
+    packed = (flat[..., 0] << 16) | (flat[..., 1] << 8) | flat[..., 2]
+    mode = np.array([np.bincount(np.unique(p, return_inverse=True)[1]).argmax() for p in packed])
+    uniq = [np.unique(p) for p in packed]
+    val = np.array([u[m] for u, m in zip(uniq, mode, strict=True)])
+    return np.stack([(val >> 16) & 255, (val >> 8) & 255, val & 255], axis=1)
+
+
+def bbox(mask: np.ndarray) -> tuple[np.ndarray, ...]:
+    """mask (N, H, W) -> (ymin, xmin, ymax, xmax) per image."""
+    rows, cols = mask.any(2), mask.any(1)
+    h = mask.shape[1]
+    return (rows.argmax(1), cols.argmax(1), h - 1 - rows[:, ::-1].argmax(1), h - 1 - cols[:, ::-1].argmax(1))
+
+
+# --------------------------------------------------------------------------- interface and determinism
+@pytest.mark.parametrize("task", SYNTHETIC)
+def test_interface_determinism_and_balance(task):
+    a, b, c = make(task), make(task), make(task, seed=1)
+    assert a.images.dtype == np.uint8 and a.images.shape == (400, 16, 16, 3)
+    assert a.labels.dtype == np.int64 and a.labels.shape == (400,) and len(a.factors) == 400
+    assert a.images.tobytes() == b.images.tobytes() and a.labels.tobytes() == b.labels.tobytes()
+    assert a.factors.equals(b.factors)
+    assert a.images.tobytes() != c.images.tobytes()
+    k = len(a.class_names)
+    assert set(a.factors["role"]) == {"fit", "eval"}
+    for role in ("fit", "eval"):
+        counts = np.bincount(a.labels[a.factors["role"].to_numpy() == role], minlength=k)
+        assert counts.max() - counts.min() <= 1, (role, counts)
+    assert (a.factors.loc[a.factors["role"] == "fit", "id"]).all()
+
+
+def test_tasks_draw_independent_streams():
+    assert make("alignment").labels.tobytes() != make("scale").labels.tobytes()
+
+
+# --------------------------------------------------------------------------- alignment
+def test_alignment_offset_read_back_from_pixels():
+    d = make("alignment", n=2000, train_offsets=[0, 1])
+    bg = background(d.images)
+    mask = (d.images != bg[:, None, None, :]).any(-1)
+    ymin, xmin, _, _ = bbox(mask)  # every glyph has its pixel (0, 0) on: bbox corner = glyph origin
+    f = d.factors
+    p = GEO.patch_size
+    np.testing.assert_array_equal(xmin % p, f["dx"])
+    np.testing.assert_array_equal(ymin % p, f["dy"])
+    np.testing.assert_array_equal(xmin // p, f["cell_x"])  # whole-patch position = a scene shift by k*P
+    fit = f[f["role"] == "fit"]
+    assert fit["dx"].between(0, 1).all() and fit["dy"].between(0, 1).all()
+    ev = f[f["role"] == "eval"]
+    assert ev["offset"].nunique() == p * p  # the test range covers every alignment
+    np.testing.assert_array_equal(ev["id"], ev["dx"].le(1) & ev["dy"].le(1))
+
+
+def test_alignment_glyphs_differ_by_exactly_twice_the_flips():
+    from pipeline.tasks.common import glyph_bank
+
+    g = glyph_bank(np.random.default_rng(0), 4, 3, 2).reshape(4, -1)
+    dist = (g[:, None] != g[None]).sum(-1)
+    assert (dist[~np.eye(4, dtype=bool)] == 4).all() and g[:, 0].all()
+
+
+# --------------------------------------------------------------------------- scale
+def test_scale_size_and_straddle_read_back_from_pixels():
+    d = make("scale", n=1000)
+    keep = (d.factors["size"] <= 11).to_numpy()  # a 12 px square covers most of a 16 px image: no bg mode
+    images, f = d.images[keep], d.factors[keep]
+    bg = background(images)
+    ymin, xmin, ymax, xmax = bbox((images != bg[:, None, None, :]).any(-1))
+    np.testing.assert_array_equal(np.maximum(ymax - ymin, xmax - xmin) + 1, f["size"])
+    np.testing.assert_array_equal(xmin, f["x"])
+    p = GEO.patch_size
+    straddles = (ymin // p != ymax // p) | (xmin // p != xmax // p)
+    np.testing.assert_array_equal(straddles, f["straddles"])
+    f = d.factors
+    fit = f[f["role"] == "fit"]
+    assert fit["size"].between(3, 8).all() and f["size"].max() > 8  # unseen sizes only in eval rows
+    assert set(f["size_bin"]) == {"sub", "patch", "multi"}
+
+
+# --------------------------------------------------------------------------- relation
+def _frames(images: np.ndarray, level: int) -> tuple[np.ndarray, np.ndarray]:
+    mask = (images == level).all(-1)
+    ymin, xmin, _, _ = bbox(mask)
+    return ymin, xmin
+
+
+def test_relation_distance_and_label_read_back_from_pixels():
+    d = make("relation", n=1000)
+    f = d.factors
+    ya, xa = _frames(d.images, 255)
+    yb, xb = _frames(d.images, 128)
+    np.testing.assert_array_equal(ya, f["ya"])
+    np.testing.assert_array_equal(xb, f["xb"])
+    p = GEO.patch_size
+    np.testing.assert_array_equal(np.maximum(abs(ya // p - yb // p), abs(xa // p - xb // p)), f["distance_tokens"])
+    np.testing.assert_allclose(np.hypot(ya - yb, xa - xb), f["distance_px"], atol=1e-3)
+    # The label is the ordered colour relation of the designated marks' centres.
+    n = np.arange(len(f))
+    col = lambda y, x: (d.images[n, y + 1, x + 1][:, None, :] == PALETTE[None, :4]).all(-1).argmax(1)  # noqa: E731
+    k = 4
+    assert ((col(yb, xb) - col(ya, xa)) % k == np.where(d.labels == 1, 1, k - 1)).all()
+    dist = f["distance_tokens"].value_counts(normalize=True)
+    assert set(dist.index) == {1, 2, 3} and dist.min() > 0.25  # distances controlled: uniform
+
+
+def test_relation_no_local_or_global_statistic_gives_the_label_away():
+    d = make("relation", n=8000, clutter=3)
+    f, y = d.factors, d.labels
+    # Global: twins (2i, 2i+1) have opposite labels and identical colour histograms (so any function of
+    # the histogram, or of the unordered set of marks, is independent of the label).
+    flat = d.images.reshape(len(y), -1, 3).astype(np.int64)
+    packed = np.sort((flat[..., 0] << 16) | (flat[..., 1] << 8) | flat[..., 2], axis=1)
+    assert (y[0::2] != y[1::2]).all()
+    np.testing.assert_array_equal(packed[0::2], packed[1::2])
+    # Local: each designated mark's colour is uniform over the palette in both classes.
+    for col in ("colour_a", "colour_b"):
+        freq = np.stack([np.bincount(f[col][y == c], minlength=4) / (y == c).sum() for c in (0, 1)])
+        assert np.abs(freq - 0.25).max() < 0.03, (col, freq)
+    # Local: the pixels of the patch holding A (or B) have the same mean in both classes.
+    cells = image_to_cells(d.images, GEO.patch_size)
+    n = np.arange(len(y))
+    for yy, xx in (("ya", "xa"), ("yb", "xb")):
+        patch = cells[n, f[yy] // 4, f[xx] // 4].reshape(len(y), -1).mean(1)
+        assert abs(patch[y == 0].mean() - patch[y == 1].mean()) < 2.0
+    # The designated marks never repeat the same colour (which would make "same" a shortcut).
+    assert (f["colour_a"] != f["colour_b"]).all()
+
+
+def test_window_factors():
+    import pandas as pd
+
+    f = pd.DataFrame({"ya": [0, 0, 4], "xa": [0, 0, 4], "yb": [4, 8, 8], "xb": [4, 0, 8], "mark_px": 4})
+    w = window_factors(f, window_px=8, image_size=16)
+    assert w["window"].tolist() == ["same", "cross", "cross"]
+    assert w["shifted_window"].tolist() == ["cross", "cross", "same"]  # shift 4: pixels 4..11 share a window
+
+
+# --------------------------------------------------------------------------- arrangement
+def test_arrangement_twins_are_the_same_multiset_of_patches():
+    d = make("arrangement", n=2000, clutter=3, noise=20)
+    cells = image_to_cells(d.images, GEO.patch_size)  # (N, G, G, P, P, C)
+    patches = cells.reshape(len(d.labels), -1, GEO.patch_size**2 * 3)
+    keys = np.sort(np.array([[p.tobytes() for p in img] for img in patches]), axis=1)
+    assert (d.labels[0::2] != d.labels[1::2]).all()
+    assert (keys[0::2] == keys[1::2]).all()
+    assert (d.images[0::2] != d.images[1::2]).any(axis=(1, 2, 3)).all()  # layouts differ
+    # A's patch moves with A: twin 2i+1 holds at A's new cell what twin 2i held at A's old cell.
+    f = d.factors
+    n = np.arange(0, len(f), 2)
+    a0 = cells[n, f["row_a"][n], f["col_a"][n]]
+    a1 = cells[n + 1, f["row_a"][n + 1], f["col_a"][n + 1]]
+    np.testing.assert_array_equal(a0, a1)
+    np.testing.assert_array_equal(d.labels, (f["col_b"] < f["col_a"]).astype(int))
+
+
+# --------------------------------------------------------------------------- params
+@pytest.mark.parametrize("raw, key", [
+    ({"tasks": {"alignment": {"train_offsets": [0, 9]}}}, "tasks.alignment.train_offsets"),
+    ({"tasks": {"alignment": {"train_offsets": [2, 1]}}}, "tasks.alignment.train_offsets"),
+    ({"tasks": {"alignment": {"glyph_flips": 5}}}, "tasks.alignment.glyph_flips"),
+    ({"tasks": {"scale": {"shapes": ["disc", "plus"]}}}, "tasks.scale.min_size"),
+    ({"tasks": {"scale": {"max_size": 40}}}, "tasks.scale.max_size"),
+    ({"tasks": {"relation": {"mark_size": 3}}}, "tasks.relation.mark_size"),
+    ({"tasks": {"relation": {"n": 101}}}, "tasks.relation.n"),
+    ({"tasks": {"relation": {"num_colours": 2}}}, "tasks.relation.num_colours"),
+    ({"tasks": {"arrangement": {"glyph_size": 5}}}, "tasks.arrangement.glyph_size"),
+    ({"tasks": {"names": ["alignment", "mnist"]}}, "tasks.names"),
+    ({"tasks": {"natural": {"colour": 1}}}, "tasks.natural.colour"),
+    ({"slice": {"train_sizes": [100, 50]}}, "slice.train_sizes"),
+])
+def test_bad_params_name_the_key(raw, key):
+    with pytest.raises(ConfigError) as err:
+        parse_params(raw)
+    assert "\n" not in str(err.value) and key in str(err.value), str(err.value)
+
+
+# --------------------------------------------------------------------------- natural (CIFAR-10)
+def _pixels(k: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (k, 32, 32, 3), dtype=np.uint8)
+
+
+def _add(tar: tarfile.TarFile, name: str, payload: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(payload)
+    tar.addfile(info, io.BytesIO(payload))
+
+
+def tiny_jpg_archive(path: Path, per_class: int = 3) -> None:
+    with tarfile.open(path, "w:gz") as tar:
+        for split in ("train", "test"):
+            for c, name in enumerate(CLASSES):
+                for i, img in enumerate(_pixels(per_class, c)):
+                    buf = io.BytesIO()
+                    Image.fromarray(img).save(buf, format="JPEG")
+                    _add(tar, f"{split}/{name}/{i:04d}.jpg", buf.getvalue())
+
+
+def tiny_python_archive(path: Path, per_class: int = 3) -> np.ndarray:
+    """Two train batches and a test batch; returns all train images in archive order."""
+    rng = np.random.default_rng(1)
+    train = []
+    with tarfile.open(path, "w:gz") as tar:
+        for name in ("data_batch_1", "data_batch_2", "test_batch"):
+            labels = rng.permutation(np.repeat(np.arange(10), per_class))
+            imgs = _pixels(len(labels), hash(name) % 100)
+            if name != "test_batch":
+                train.append((imgs, labels))
+            data = imgs.transpose(0, 3, 1, 2).reshape(len(labels), -1)  # R, G, B planes per row
+            _add(tar, f"cifar-10-batches-py/{name}", pickle.dumps({b"data": data, b"labels": labels.tolist()}))
+    return train
+
+
+def test_cifar_jpg_archive(tmp_path):
+    tiny_jpg_archive(tmp_path / "c.tar.gz")
+    images, table = read_cifar10(tmp_path / "c.tar.gz", per_class_train=2, per_class_test=1)
+    assert images.shape == (30, 32, 32, 3) and images.dtype == np.uint8
+    assert (table["split"] == "train").sum() == 20 and table["class"].iloc[0] == "airplane"
+    assert table["index"].max() == 1
+
+
+def test_cifar_python_archive_keeps_first_per_class_in_order(tmp_path):
+    train = tiny_python_archive(tmp_path / "p.tar.gz")
+    images, table = read_cifar10(tmp_path / "p.tar.gz", per_class_train=4, per_class_test=2)
+    assert len(images) == 10 * 4 + 10 * 2
+    # Class 3's first four train images in batch order, exactly (the python format is lossless).
+    all_imgs = np.concatenate([i for i, _ in train])
+    all_labels = np.concatenate([lab for _, lab in train])
+    want = all_imgs[all_labels == 3][:4]
+    got = images[((table["split"] == "train") & (table["label"] == 3)).to_numpy()]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_cifar_errors(tmp_path):
+    with pytest.raises(StageError, match="tasks.natural.path"):
+        read_cifar10(tmp_path / "missing.tar.gz", 1, 1)
+    tiny_jpg_archive(tmp_path / "c.tar.gz", per_class=2)
+    with pytest.raises(StageError, match="tasks.natural.per_class_train"):
+        read_cifar10(tmp_path / "c.tar.gz", per_class_train=5, per_class_test=1)
+
+
+def test_resize_is_exact_block_mean():
+    img = np.random.default_rng(0).integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
+    small = resize(img, 16)
+    block = img[:, :2, :2].astype(int).sum((1, 2))
+    np.testing.assert_array_equal(small[:, 0, 0], (block + 2) // 4)
+    np.testing.assert_array_equal(resize(img, 64)[:, ::2, ::2], img)
+
+
+# --------------------------------------------------------------------------- stage
+def tiny_params(tmp_path: Path, **tasks) -> Path:
+    raw = {"tasks": {"names": SYNTHETIC + ["natural"],
+                     **{t: {"n": 400} for t in SYNTHETIC}, **tasks},
+           "slice": {"train_sizes": [40, 80], "val_size": 40, "test_size": 60}}
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_generate_stage_outputs_and_byte_deterministic_samples(tmp_path):
+    params = tiny_params(tmp_path)
+    outs = []
+    for run in ("a", "b"):
+        out, png = tmp_path / run / "alignment", tmp_path / run / "alignment.png"
+        assert gen_stage.main(["--params", str(params), "--task", "alignment", "--out", str(out),
+                               "--samples", str(png)]) == 0
+        outs.append((out, png))
+    (out, png), (out2, png2) = outs
+    meta = json.loads((out / "meta.json").read_text())
+    images, labels = np.load(out / "images.npy"), np.load(out / "labels.npy")
+    assert images.shape == (400, 16, 16, 3) and labels.shape == (400,)
+    assert meta["num_classes"] == 4 and meta["n"] == 400
+    from pipeline.io import sha256_bytes
+
+    assert meta["sha256"]["images"] == sha256_bytes(images.tobytes())
+    assert meta["params"]["train_offsets"] == [0, 1]
+    assert png.read_bytes() == png2.read_bytes() and png.read_bytes()[:4] == b"\x89PNG"
+    assert (out / "images.npy").read_bytes() == (out2 / "images.npy").read_bytes()
+
+
+def test_natural_stage_records_archive_hash_and_missing_archive_leaves_nothing(tmp_path, capsys):
+    tiny_python_archive(tmp_path / "p.tar.gz")
+    params = tiny_params(tmp_path, natural={"path": str(tmp_path / "p.tar.gz"), "per_class_train": 4,
+                                            "per_class_test": 2})
+    out = tmp_path / "natural"
+    assert gen_stage.main(["--params", str(params), "--task", "natural", "--out", str(out)]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    from pipeline.io import sha256_file
+
+    assert meta["archive"]["sha256"] == sha256_file(tmp_path / "p.tar.gz")
+    assert np.load(out / "images.npy").shape == (60, 16, 16, 3)
+
+    params = tiny_params(tmp_path, natural={"path": str(tmp_path / "nowhere.tar.gz")})
+    fresh = tmp_path / "fresh"
+    assert gen_stage.main(["--params", str(params), "--task", "natural", "--out", str(fresh)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "tasks.natural.path" in err
+    assert not fresh.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".fresh")]
+
+
+def test_natural_params_pool_size():
+    assert NaturalParams(per_class_train=3, per_class_test=2).n == 50
+
+
+@pytest.mark.parametrize("shape", ["square", "frame", "triangle", "plus", "disc", "diamond"])
+def test_every_shape_fills_its_box(shape):
+    """So the size (and whether the object straddles a patch line) is what the pixels show."""
+    from pipeline.tasks.scale import shape_mask
+
+    for s in range(3, 17):
+        m = shape_mask(shape, s)
+        assert m[0].any() and m[-1].any() and m[:, 0].any() and m[:, -1].any(), (shape, s)
