@@ -251,6 +251,15 @@ class Distill(Section):
         return self
 
 
+# --------------------------------------------------------------------------- report
+class Report(Section):
+    """How the ``report`` stage summarises runs and judges the prediction ledger (pipeline/report)."""
+
+    confidence: Annotated[float, Field(gt=0.5, lt=1)] = 0.95  # Student-t interval over seeds
+    # A ledger interval wider than this cannot decide an "equals" prediction: it is marked inconclusive.
+    decisive_width: Annotated[float, Field(gt=0, le=1)] = 0.10
+
+
 # --------------------------------------------------------------------------- tracking
 class Tracking(Section):
     # None: sqlite:///<repository root>/mlflow.db (absolute, so `dvc exp run --queue` copies log to it)
@@ -400,6 +409,7 @@ class Params(Section):
     train: Train = Train()
     distill: Distill = Distill()
     tracking: Tracking = Tracking()
+    report: Report = Report()
     tasks: Tasks = Field(default_factory=Tasks)
     slice: Slicing = Slicing()
 
@@ -412,6 +422,20 @@ class Params(Section):
                 f"interface.collision_width: {i.collision_width} must be below D = patch_size^2 * channels "
                 f"= {big_d}, or no collision pair exists"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _grid_uses_generated_data(self) -> Params:
+        """Every trained task is generated, every trained size is sliced."""
+        names, sizes = set(self.tasks.names), set(self.slice.train_sizes)
+        t = self.train
+        for key, tasks in (("train.tasks", t.tasks), ("train.curve.tasks", t.curve.tasks),
+                           ("distill.tasks", self.distill.tasks)):
+            if missing := [x for x in tasks if x not in names]:
+                raise ValueError(f"{key}: {missing} not in tasks.names {sorted(names)}")
+        for key, wanted in (("train.size", [t.size]), ("train.curve.sizes", t.curve.sizes)):
+            if missing := [x for x in wanted if x not in sizes]:
+                raise ValueError(f"{key}: {missing} not in slice.train_sizes {sorted(sizes)}")
         return self
 
     @model_validator(mode="after")

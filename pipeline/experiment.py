@@ -13,6 +13,7 @@ import re
 import resource
 import shutil
 import time
+import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -65,15 +66,16 @@ def load_split(spec: RunSpec):
     for path in files.values():
         if not path.exists():
             raise StageError(f"{path}: missing (run the data and slice stages: dvc repro)")
+    current = files["images"]  # the file being read, named in the error
     try:
-        images = np.load(files["images"], allow_pickle=False)
-        labels = np.load(files["labels"], allow_pickle=False)
-        with np.load(files["indices"], allow_pickle=False) as z:
+        images = np.load(current, allow_pickle=False)
+        labels = np.load(current := files["labels"], allow_pickle=False)
+        with np.load(current := files["indices"], allow_pickle=False) as z:
             indices = {k: z[k] for k in z.files}
-        meta = json.loads(files["meta"].read_text())
-        manifest = json.loads(files["manifest"].read_text())
-    except (ValueError, OSError, json.JSONDecodeError) as err:
-        raise StageError(f"{spec.data_dir} or {spec.slices_dir}: unreadable ({err})") from None
+        meta = json.loads((current := files["meta"]).read_text())
+        manifest = json.loads((current := files["manifest"]).read_text())
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
+        raise StageError(f"{current}: unreadable ({type(err).__name__}: {err})") from None
     if images.ndim != 4 or images.dtype != np.uint8 or len(images) != len(labels):
         raise StageError(f"{files['images']}: expected uint8 (N,H,W,C) matching labels, got "
                          f"{images.dtype} {images.shape} vs {labels.shape}")
@@ -224,7 +226,7 @@ def run(spec: RunSpec, params: Params, save_weights: bool = False) -> dict:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from pipeline.models import build_model
-    from pipeline.train import ArrayData, Classifier, ProgressLine, predict, slice_accuracy
+    from pipeline.train import ArrayData, Classifier, History, predict, slice_accuracy
 
     recipe, rt = params.train.recipe, params.train.runtime
     split, _meta, manifest = load_split(spec)
@@ -269,10 +271,11 @@ def run(spec: RunSpec, params: Params, save_weights: bool = False) -> dict:
                      total_steps=steps)
     ckpt = ModelCheckpoint(dirpath=spec.ckpt_dir, filename="last", save_top_k=1,
                            every_n_train_steps=rt.checkpoint_every_steps, enable_version_counter=False)
+    history = History(spec.name, steps)
     trainer = L.Trainer(
         max_steps=steps, accelerator=rt.accelerator, devices=rt.devices, strategy=rt.strategy,
         num_nodes=rt.num_nodes, precision=rt.precision, deterministic=True, logger=logger,
-        callbacks=[ckpt, ProgressLine(spec.name, steps)], val_check_interval=min(rt.val_every_steps, steps),
+        callbacks=[ckpt, history], val_check_interval=min(rt.val_every_steps, steps),
         check_val_every_n_epoch=None, log_every_n_steps=rt.log_every_steps,
         gradient_clip_val=recipe.grad_clip or None, enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0,
@@ -301,7 +304,7 @@ def run(spec: RunSpec, params: Params, save_weights: bool = False) -> dict:
             "task": spec.task, "arch": spec.model_name, "model": spec.arch, "seed": spec.seed,
             "train_size": spec.train_size, "test_acc": slices["test"]["acc"],
             "val_acc": float(val) if val is not None else None, "shift_consistency": shift_consistency,
-            "slices": slices, "budget": counts, "measured": measured, "mlflow_run_id": logger.run_id,
+            "slices": slices, "curve": history.rows, "budget": counts, "measured": measured, "mlflow_run_id": logger.run_id,
             "config_hash": config_hash, "data_sha256": tags["data_sha256"],
             "train_slice_sha256": tags["train_slice_sha256"],
             **({"teacher": teacher_record} if teacher_record else {}),

@@ -183,18 +183,31 @@ class Classifier(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
-class ProgressLine(L.Callback):
-    """One line per validation ("name step k/N loss acc"): readable when several runs share a terminal."""
+class History(L.Callback):
+    """The learning curve (step, train loss, val loss, val acc) at every validation, and one progress line each.
+
+    Its state is saved in every checkpoint, so a resumed run's curve is the whole run's curve.
+    """
 
     def __init__(self, name: str, total_steps: int):
-        self.name, self.total = name, total_steps
+        self.name, self.total, self.rows = name, total_steps, []
 
     def on_validation_end(self, trainer, pl_module):
+        if trainer.sanity_checking:
+            return
         m = trainer.callback_metrics
-        loss, acc = m.get("train/loss"), m.get("val/acc")
-        print(f"  {self.name}: step {trainer.global_step}/{self.total}"
-              + (f" train loss {float(loss):.3f}" if loss is not None else "")
-              + (f" val acc {float(acc):.3f}" if acc is not None else ""), flush=True)
+        row = {"step": trainer.global_step,
+               **{k.replace("/", "_"): float(m[k]) for k in ("train/loss", "val/loss", "val/acc") if k in m}}
+        self.rows.append(row)
+        print(f"  {self.name}: step {row['step']}/{self.total}"
+              + (f" train loss {row['train_loss']:.3f}" if "train_loss" in row else "")
+              + (f" val acc {row['val_acc']:.3f}" if "val_acc" in row else ""), flush=True)
+
+    def state_dict(self) -> dict:
+        return {"rows": self.rows}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.rows = list(state_dict["rows"])
 
 
 def predict(model: nn.Module, images: np.ndarray, batch_size: int = 1000) -> np.ndarray:

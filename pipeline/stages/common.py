@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import sys
 from collections.abc import Callable
@@ -25,6 +26,11 @@ def stage_main(fn: Callable[[list[str] | None], None]) -> Callable[[list[str] | 
             return 2
         except PermissionError as err:
             print(f"error: cannot write {err.filename}: permission denied", file=sys.stderr)
+            return 2
+        except OSError as err:
+            if err.errno != errno.EROFS:  # a read-only output folder is the same user error as a denied one
+                raise
+            print(f"error: cannot write {err.filename}: read-only file system", file=sys.stderr)
             return 2
         return 0
 

@@ -1,0 +1,104 @@
+"""The report's inputs, read from the files DVC tracks (never by scraping the MLflow run table).
+
+Layouts (see dvc.yaml): ``<runs|curve>/<arch>/<task>/n<size>/s<seed>/{metrics.json,predictions.npz}`` and
+``teachers/<arch>/<task>/{metrics.json,predictions.npz}``. A missing root is an empty source (that part of
+the study was not run), so the report works with distillation or the data-size curve disabled.
+
+Learning curves too come from metrics.json (its ``curve``: step, train loss, val loss and accuracy at every
+validation), so every input of the report is a file DVC tracks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pipeline.stages.common import StageError
+
+
+def read_metrics(root: Path | None, source: str) -> list[dict]:
+    """Every metrics.json under ``root`` with ``source``, ``dir`` and ``num_classes`` (from predictions) added."""
+    if root is None or not root.exists():
+        return []
+    out = []
+    for path in sorted(root.rglob("metrics.json")):
+        try:
+            m = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise StageError(f"{path}: unreadable metrics ({err})") from None
+        missing = [k for k in ("task", "arch", "seed", "train_size", "test_acc") if k not in m]
+        if missing:
+            raise StageError(f"{path}: metrics lack {missing}")
+        pred = path.parent / "predictions.npz"
+        k = None
+        if pred.exists():
+            with np.load(pred, allow_pickle=False) as z:
+                k = int(z["logits"].shape[1])
+        out.append({**m, "source": source, "dir": str(path.parent), "num_classes": k})
+    return out
+
+
+def read_predictions(folder: str | Path) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(index (N,) int64, logits (N, K) float32)`` of a run folder, or None if it kept none."""
+    path = Path(folder) / "predictions.npz"
+    if not path.exists():
+        return None
+    with np.load(path, allow_pickle=False) as z:
+        return z["index"], z["logits"]
+
+
+def read_json(path: Path | None) -> dict | None:
+    if path is None or not path.exists():
+        return None
+    return json.loads(path.read_text())
+
+
+def read_widths(budget_dir: Path | None) -> dict[str, int] | None:
+    """arch -> solved width from the budget stage's architectures.csv (None when absent)."""
+    if budget_dir is None or not (budget_dir / "architectures.csv").exists():
+        return None
+    table = pd.read_csv(budget_dir / "architectures.csv")
+    return {str(a): int(w) for a, w in zip(table.arch, table.width, strict=True)}
+
+
+def learning_histories(runs: pd.DataFrame, keys: tuple[str, ...] = ("train/loss", "val/acc")) -> pd.DataFrame:
+    """Long frame (source, task, arch, seed, train_size, metric, step, value) from the ``curve`` that every
+    run's metrics.json carries (one row per validation; kept across a resume by the History callback)."""
+    rows = []
+    for r in runs.itertuples():
+        curve = getattr(r, "curve", None)
+        if not isinstance(curve, list):
+            continue
+        for point in curve:
+            for key in keys:
+                value = point.get(key.replace("/", "_"))
+                if value is not None and not math.isnan(value):
+                    rows.append({"source": r.source, "task": r.task, "arch": r.arch, "seed": r.seed,
+                                 "train_size": r.train_size, "metric": key, "step": point["step"], "value": value})
+    cols = ["source", "task", "arch", "seed", "train_size", "metric", "step", "value"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def agreements(runs: pd.DataFrame, students: dict[str, str], teacher_tasks: list[str]) -> pd.DataFrame:
+    """Agreement of every student, the label-only ``vit`` and each teacher with every teacher, per seed.
+
+    Rows: task, arch, source, seed, teacher, agreement (on the shared test split, from predictions.npz).
+    """
+    from pipeline.report.aggregate import agreement
+
+    teachers = runs[runs.source == "teachers"]
+    pool = runs[(runs.source == "runs") & runs.arch.isin(["vit", *students]) | (runs.source == "teachers")]
+    rows = []
+    for t in teachers.itertuples():
+        if t.task not in teacher_tasks or (tp := read_predictions(t.dir)) is None:
+            continue
+        for r in pool[pool.task == t.task].itertuples():
+            if r.source == "teachers" and r.arch == t.arch or (rp := read_predictions(r.dir)) is None:
+                continue
+            rows.append({"task": t.task, "arch": r.arch, "source": r.source, "seed": r.seed, "teacher": t.arch,
+                         "agreement": agreement(rp[0], rp[1], tp[0], tp[1])})
+    return pd.DataFrame(rows, columns=["task", "arch", "source", "seed", "teacher", "agreement"])

@@ -1,0 +1,78 @@
+"""Shared fixtures for the tests that run the real pipeline on tiny inputs (see bench/tiny_repo.py).
+
+- ``workspace`` (session): a folder with a tiny ``params.yaml``, the ``alignment`` task's data and slices and
+  a trained ``resnet`` teacher, made by calling the stage entry points in-process, with its own MLflow
+  store. Read-only for tests: copy what you change (``copy_workspace``).
+- ``reproduced_repo`` (session): a tiny copy of the repository after one full ``dvc repro``.
+- ``make_tiny_repo``: a fresh tiny copy of the repository (committed, nothing reproduced).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `bench` is a top-level folder, not part of the installed package
+
+from bench import tiny_repo  # noqa: E402
+
+
+@contextmanager
+def mlflow_store(folder: Path):
+    """Point MLflow (pipeline.tracking reads the variable at call time) at ``folder/mlflow.db``."""
+    old = os.environ.get("MLFLOW_TRACKING_URI")
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{folder / 'mlflow.db'}"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = old
+
+
+@pytest.fixture(scope="session")
+def workspace(tmp_path_factory) -> Path:
+    """``params.yaml``, ``data/tasks/alignment``, ``data/slices/alignment``, ``data/teachers/resnet``,
+    ``mlflow.db``: the inputs of the train/teacher/distill stages, for one task."""
+    from pipeline.stages import generate, slice, teacher
+
+    ws = tmp_path_factory.mktemp("workspace")
+    params = tiny_repo.tiny_params({"tasks": {"names": ["alignment"]}, "train": {"tasks": ["alignment"]}})
+    tiny_repo.write_params(ws / "params.yaml", params)
+    p = str(ws / "params.yaml")
+    assert generate.main(["--params", p, "--task", "alignment", "--out", str(ws / "data/tasks/alignment")]) == 0
+    assert slice.main(["--params", p, "--task", "alignment", "--data", str(ws / "data/tasks/alignment"),
+                       "--out", str(ws / "data/slices/alignment")]) == 0
+    with mlflow_store(ws):
+        assert teacher.main(["--params", p, "--arch", "resnet", "--data", str(ws / "data/tasks"),
+                             "--slices", str(ws / "data/slices"), "--out", str(ws / "data/teachers/resnet"),
+                             "--ckpt", str(ws / "data/ckpt/teachers/resnet")]) == 0
+    return ws
+
+
+@pytest.fixture
+def copy_workspace(workspace, tmp_path) -> Path:
+    """A private, writable copy of ``workspace``."""
+    dest = tmp_path / "ws"
+    shutil.copytree(workspace, dest)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def reproduced_repo(tmp_path_factory) -> Path:
+    repo = tiny_repo.make_repo(tmp_path_factory.mktemp("repro") / "repo")
+    tiny_repo.dvc(repo, "repro", timeout=900)
+    return repo
+
+
+@pytest.fixture
+def make_tiny_repo(tmp_path):
+    """``make_tiny_repo(name, overrides=None)`` -> a committed tiny repository under ``tmp_path``."""
+    return lambda name="repo", overrides=None: tiny_repo.make_repo(tmp_path / name, overrides)

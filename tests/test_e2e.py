@@ -1,0 +1,50 @@
+"""The whole pipeline on a tiny repository: ``dvc repro`` succeeds, every output exists, MLflow has the
+runs with their budgets, and a second ``dvc repro`` does nothing. Runs whatever ``dvc.yaml`` holds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from bench import tiny_repo
+
+pytestmark = pytest.mark.slow
+
+
+def test_every_stage_ran_and_wrote_its_outputs(reproduced_repo):
+    repo = reproduced_repo
+    stages = tiny_repo.dvc(repo, "stage", "list", "--name-only").stdout.split()
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    assert set(stages) == set(lock)
+    for name, entry in lock.items():
+        for out in entry.get("outs", []):
+            assert (repo / out["path"]).exists(), f"{name}: {out['path']} missing"
+    metrics = sorted((repo / "data/runs").rglob("metrics.json"))
+    assert {m.relative_to(repo / "data/runs").parts[0] for m in metrics} == {"vit", "resnet", "deit"}
+    student = json.loads((repo / "data/runs/deit/alignment/n128/s0/metrics.json").read_text())
+    assert student["teacher"]["arch"] == "resnet" and student["budget"]["teacher_train_flops"] > 0
+
+
+def test_mlflow_has_the_runs_with_budgets(reproduced_repo):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{reproduced_repo / 'mlflow.db'}")
+    by_stage = {}
+    for stage in ("interface", "train", "curve", "teacher"):
+        exp = client.get_experiment_by_name(f"bias-{stage}")
+        assert exp is not None, stage
+        by_stage[stage] = client.search_runs([exp.experiment_id])
+        assert by_stage[stage] and all(r.info.status == "FINISHED" for r in by_stage[stage])
+    for run in by_stage["train"] + by_stage["curve"] + by_stage["teacher"]:
+        for key in ("params", "optimizer_steps", "images_seen", "tokens_seen", "train_flops"):
+            assert f"budget/{key}" in run.data.metrics, (run.info.run_name, key)
+    # train: 2 tasks x (vit, resnet) + the DeiT student; curve: resnet on alignment at n=64; one teacher
+    assert [len(by_stage[s]) for s in ("train", "curve", "teacher")] == [5, 1, 1]
+
+
+def test_second_repro_is_a_noop(reproduced_repo):
+    out = tiny_repo.dvc(reproduced_repo, "repro").stdout
+    assert "Running stage" not in out
+    assert "Data and pipelines are up to date" in out

@@ -1,0 +1,120 @@
+"""SIGKILL in the middle of training, then ``dvc repro`` again: exact resume, no orphaned MLflow run.
+
+On a tiny repository (tests/conftest.py) with one task and one architecture, long enough (300 steps,
+a checkpoint every 20) to be killed between checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from bench import tiny_repo
+
+pytestmark = pytest.mark.slow
+
+OVERRIDES = {
+    "tasks": {"names": ["alignment"]},
+    "train": {"tasks": ["alignment"], "archs": {"vit": "vit"},
+              "recipe": {"steps": 300, "warmup_steps": 10},
+              "runtime": {"checkpoint_every_steps": 20, "val_every_steps": 100}},
+}
+RUN = Path("alignment/n128/s0")
+
+
+def start(repo: Path, args: list[str]) -> subprocess.Popen:
+    """A command in its own process group (so SIGKILL reaches DVC and the stage it runs)."""
+    return subprocess.Popen(args, cwd=repo, env=tiny_repo.env(repo), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def kill_when(proc: subprocess.Popen, path: Path, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            pytest.fail(f"finished (rc {proc.returncode}) before {path} appeared: nothing to interrupt")
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"{path} did not appear in {timeout} s")
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def runs(repo: Path) -> dict[str, str]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}")
+    exps = [e.experiment_id for e in client.search_experiments()]
+    return {r.info.run_id: r.info.status for r in client.search_runs(exps)}
+
+
+def logits(folder: Path) -> np.ndarray:
+    with np.load(folder / "predictions.npz") as z:
+        return z["logits"]
+
+
+def train_cmd(params: str, out: str, ckpt: str) -> list[str]:
+    return [str(tiny_repo.VENV_BIN / "python"), "-m", "pipeline.stages.train", "--params", params, "--arch", "vit",
+            "--data", "data/tasks", "--slices", "data/slices", "--out", out, "--ckpt", ckpt]
+
+
+def test_sigkill_then_repro_resumes_exactly(make_tiny_repo):
+    repo = make_tiny_repo("repo", OVERRIDES)
+    tiny_repo.dvc(repo, "repro", "slice@alignment")
+    ckpt = repo / "data/ckpt/train/vit" / RUN
+    out = repo / "data/runs/vit" / RUN
+
+    proc = start(repo, [str(tiny_repo.VENV_BIN / "dvc"), "repro", "train@vit"])
+    kill_when(proc, ckpt / "last.ckpt")
+    stamp = json.loads((ckpt / "config.json").read_text())
+    assert runs(repo)[stamp["mlflow_run_id"]] == "RUNNING"
+    assert not (out / "metrics.json").exists()  # nothing half-done is presented as a result
+
+    tiny_repo.dvc(repo, "repro", "train@vit")
+    resumed = json.loads((out / "metrics.json").read_text())
+    assert resumed["measured"]["resumed"] and resumed["measured"]["steps_this_process"] < 300
+    assert resumed["mlflow_run_id"] == stamp["mlflow_run_id"]  # the killed run was continued, not orphaned
+
+    # The same run uninterrupted, into other folders.
+    subprocess.run(train_cmd("params.yaml", "data/ref", "data/ref_ckpt"), cwd=repo, env=tiny_repo.env(repo),
+                   check=True, capture_output=True)
+    reference = json.loads((repo / "data/ref" / RUN / "metrics.json").read_text())
+    assert not reference["measured"]["resumed"]
+    assert resumed["slices"] == reference["slices"] and resumed["val_acc"] == reference["val_acc"]
+    assert np.array_equal(logits(out), logits(repo / "data/ref" / RUN))
+
+    assert "RUNNING" not in runs(repo).values()
+    assert "train@vit" not in tiny_repo.dvc(repo, "status", "train@vit").stdout  # up to date
+
+
+def test_kill_before_first_checkpoint_marks_run_killed(make_tiny_repo):
+    """No checkpoint to resume from: the rerun starts over and ends the dead MLflow run as KILLED."""
+    repo = make_tiny_repo("repo", tiny_repo.merge(OVERRIDES, {"train": {"recipe": {"steps": 60, "warmup_steps": 5}}}))
+    tiny_repo.dvc(repo, "repro", "slice@alignment")
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["train"]["runtime"]["checkpoint_every_steps"] = 100_000  # never reached: killed without a checkpoint
+    tiny_repo.write_params(repo / "never.yaml", params)
+    cmd = train_cmd("never.yaml", "data/k", "data/k_ckpt")
+
+    proc = start(repo, cmd)
+    kill_when(proc, repo / "data/k_ckpt" / RUN / "config.json")  # written once its MLflow run exists
+    time.sleep(0.5)
+    proc_dead = json.loads((repo / "data/k_ckpt" / RUN / "config.json").read_text())["mlflow_run_id"]
+    assert runs(repo)[proc_dead] == "RUNNING"
+    assert not (repo / "data/k" / RUN / "metrics.json").exists()
+
+    subprocess.run(cmd, cwd=repo, env=tiny_repo.env(repo), check=True, capture_output=True)
+    finished = json.loads((repo / "data/k" / RUN / "metrics.json").read_text())
+    status = runs(repo)
+    assert status[proc_dead] == "KILLED"
+    assert finished["mlflow_run_id"] != proc_dead and status[finished["mlflow_run_id"]] == "FINISHED"
+    assert not finished["measured"]["resumed"]

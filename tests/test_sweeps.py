@@ -1,0 +1,62 @@
+"""A parallel sweep: ``dvc exp run --queue -S`` twice, ``dvc queue start --jobs 2``, one intact MLflow store.
+
+Queued experiments run in copies under ``.dvc/tmp/exps``; with no ``MLFLOW_TRACKING_URI`` set,
+pipeline.tracking must resolve those copies back to the repository's own ``mlflow.db``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import time
+
+import pytest
+
+from bench import tiny_repo
+
+pytestmark = pytest.mark.slow
+
+LRS = ["0.002", "0.0005"]
+
+
+def test_queued_sweep_logs_every_run_to_one_store(reproduced_repo):
+    from mlflow.tracking import MlflowClient
+
+    repo = reproduced_repo
+    tiny_repo.git(repo, "add", "-A")
+    tiny_repo.git(repo, "commit", "-q", "-m", "baseline reproduced")  # queued runs start from this commit
+    env = tiny_repo.env(repo)
+    del env["MLFLOW_TRACKING_URI"]  # the default store: <repo>/mlflow.db, found from the temporary copies
+
+    def dvc(*args: str) -> str:
+        proc = subprocess.run([str(tiny_repo.VENV_BIN / "dvc"), *args], cwd=repo, env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout
+
+    for lr in LRS:
+        dvc("exp", "run", "--queue", "-S", f"train.recipe.lr={lr}", "train@resnet")
+    dvc("queue", "start", "--jobs", "2")
+    deadline = time.monotonic() + 400
+    while True:
+        status = dvc("queue", "status")
+        if not any(word in status for word in ("Queued", "Running")):
+            break
+        assert time.monotonic() < deadline, status
+        time.sleep(2)
+    assert status.count("Success") == len(LRS), status
+    dvc("queue", "stop")
+
+    db = repo / "mlflow.db"
+    with sqlite3.connect(db) as con:
+        assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    exp = client.get_experiment_by_name("bias-train")
+    found = {}
+    for r in client.search_runs([exp.experiment_id]):
+        if r.data.tags.get("arch") == "resnet":
+            found.setdefault(r.data.params["train.recipe.lr"], []).append(r.info.status)
+    for lr in LRS:
+        assert found.get(str(float(lr))) == ["FINISHED"] * 2, found  # two tasks per sweep point
+    assert not (repo / ".dvc/tmp/exps/mlflow.db").exists()
+    assert not list((repo / ".dvc/tmp/exps").glob("*/mlflow.db"))
