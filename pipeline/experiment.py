@@ -245,6 +245,7 @@ def run(spec: RunSpec, params: Params, save_weights: bool = False) -> dict:
     config_hash = _config_hash(spec, params, {"teacher": (teacher_record or {}).get("checkpoint_sha256")})
     if (done := _finished(spec, config_hash)) is not None:
         print(f"  {spec.name}: already finished with this configuration, kept", flush=True)
+        spec.ckpt_dir.mkdir(parents=True, exist_ok=True)  # a declared DVC out: must exist (queued exp copies)
         return done
     resume_from, run_id = _prepare_ckpt_dir(spec.ckpt_dir, config_hash, params)
     tags = {"task": spec.task, "arch": spec.model_name, "model": spec.arch, "seed": str(spec.seed),
@@ -304,7 +305,8 @@ def run(spec: RunSpec, params: Params, save_weights: bool = False) -> dict:
             "task": spec.task, "arch": spec.model_name, "model": spec.arch, "seed": spec.seed,
             "train_size": spec.train_size, "test_acc": slices["test"]["acc"],
             "val_acc": float(val) if val is not None else None, "shift_consistency": shift_consistency,
-            "slices": slices, "curve": history.rows, "budget": counts, "measured": measured, "mlflow_run_id": logger.run_id,
+            "slices": slices, "curve": history.rows, "budget": counts, "measured": measured,
+            "mlflow_run_id": logger.run_id,
             "config_hash": config_hash, "data_sha256": tags["data_sha256"],
             "train_slice_sha256": tags["train_slice_sha256"],
             **({"teacher": teacher_record} if teacher_record else {}),

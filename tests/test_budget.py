@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 import torch
@@ -123,3 +125,11 @@ def test_budget_stage_writes_tables_and_rejects_bad_params(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: models.param_target:") and "\n" not in err, err
     assert not (tmp_path / "nothing").exists()
+
+
+def test_schema_defaults_are_the_committed_params():
+    """params.yaml and the schema's defaults are one configuration: a test config built from defaults is the
+    default pipeline, and neither can drift from the other unnoticed."""
+    from pipeline.config import Params, load_params
+
+    assert load_params(Path(__file__).parents[1] / "params.yaml") == Params()

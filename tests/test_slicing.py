@@ -105,7 +105,10 @@ def test_manifest_records_sizes_counts_hashes_and_ranges():
 
 def test_slice_stage_end_to_end(tmp_path, capsys):
     raw = {"tasks": {"names": ["relation"], "relation": {"n": 600}},
-           "slice": {"train_sizes": [50, 100], "val_size": 50, "test_size": 100}}
+           "slice": {"train_sizes": [50, 100], "val_size": 50, "test_size": 100},
+           # the training grid must only use generated tasks and sliced sizes
+           "train": {"tasks": ["relation"], "size": 50, "curve": {"tasks": ["relation"], "sizes": [50]}},
+           "distill": {"tasks": ["relation"]}}
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(raw))
     data = tmp_path / "tasks" / "relation"

@@ -41,7 +41,7 @@ class Interrupt(Exception):
 
 
 def interrupting_progress(at_step: int):
-    class Interrupting(train_mod.ProgressLine):
+    class Interrupting(train_mod.History):
         def on_validation_end(self, trainer, pl_module):
             super().on_validation_end(trainer, pl_module)
             if trainer.global_step >= at_step:
@@ -58,7 +58,7 @@ def runs(workspace, tmp_path_factory):
     with mlflow_store(root):
         metrics = {name: run(spec(workspace, out[name]), params) for name in "ab"}
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(train_mod, "ProgressLine", interrupting_progress(10))
+            mp.setattr(train_mod, "History", interrupting_progress(10))
             with pytest.raises(Interrupt):
                 run(spec(workspace, out["c"]), params)
         stamp = json.loads((out["c"] / "ckpt/config.json").read_text())

@@ -48,4 +48,16 @@ def quiet_lightning() -> None:
     # Safe here: a run's batches are a function of the global step (pipeline.train.StepBatches), so a
     # mid-epoch resume with a fresh dataloader continues the exact batch sequence.
     warnings.filterwarnings("ignore", message=".*dataloader is not resumable.*")
+    # The checkpoint folder holds the run's identity stamp (config.json) beside last.ckpt by design.
+    warnings.filterwarnings("ignore", message=".*Checkpoint directory .* exists and is not empty.*")
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
+
+
+def add_run_paths(parser) -> None:
+    """The folders every training stage (train, teacher, distill) reads and writes; values come from dvc.yaml."""
+    from pathlib import Path
+
+    parser.add_argument("--data", type=Path, required=True, help="data/tasks (one folder per task)")
+    parser.add_argument("--slices", type=Path, required=True, help="data/slices (one folder per task)")
+    parser.add_argument("--out", type=Path, required=True, help="results: one folder per run")
+    parser.add_argument("--ckpt", type=Path, required=True, help="checkpoints (persisted, for resume)")

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 from pipeline.config import ConfigError, load_params
-from pipeline.stages.common import quiet_lightning, stage_main
+from pipeline.stages.common import add_run_paths, quiet_lightning, stage_main
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -18,10 +18,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--params", default="params.yaml")
     p.add_argument("--student", required=True, help="a key of distill.students")
     p.add_argument("--teachers", type=Path, required=True, help="the teacher stage output of this student's teacher")
-    p.add_argument("--data", type=Path, required=True)
-    p.add_argument("--slices", type=Path, required=True)
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--ckpt", type=Path, required=True)
+    add_run_paths(p)
     return p.parse_args(argv)
 
 

@@ -115,7 +115,9 @@ def main(argv: list[str] | None = None) -> None:
              **{f"samples: {t}": f"samples/{t}.png" for t in params.tasks.names}}
     io.write_text(out / "README.md", markdown.readme(
         commit=tracking.git_commit(), date=dt.date.today().isoformat(), seeds=list(params.train.seeds),
-        level=level, sentences=markdown.findings(acc, chance, counts, iface_tab, distill_tab), tables=tables,
+        level=level, scale=f"{params.geometry.image_size} px images, ~{params.models.param_target:,} parameters, "
+                           f"{params.train.recipe.steps} optimizer steps",
+        sentences=markdown.findings(acc, chance, counts, iface_tab, distill_tab), tables=tables,
         figures=figures, links=links))
 
 

@@ -9,20 +9,16 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from pipeline.config import ConfigError, load_params
-from pipeline.stages.common import quiet_lightning, stage_main
+from pipeline.stages.common import add_run_paths, quiet_lightning, stage_main
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--params", default="params.yaml")
     p.add_argument("--arch", required=True, help="teacher architecture (one of distill.teachers)")
-    p.add_argument("--data", type=Path, required=True)
-    p.add_argument("--slices", type=Path, required=True)
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--ckpt", type=Path, required=True)
+    add_run_paths(p)
     return p.parse_args(argv)
 
 

@@ -9,10 +9,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from pipeline.config import ConfigError, Params, load_params
-from pipeline.stages.common import quiet_lightning, stage_main
+from pipeline.stages.common import add_run_paths, quiet_lightning, stage_main
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -20,10 +19,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--params", default="params.yaml")
     p.add_argument("--arch", required=True)
     p.add_argument("--grid", choices=("main", "curve"), default="main")
-    p.add_argument("--data", type=Path, required=True, help="data/tasks (one folder per task)")
-    p.add_argument("--slices", type=Path, required=True, help="data/slices (one folder per task)")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--ckpt", type=Path, required=True, help="checkpoint folder (persisted for resume)")
+    add_run_paths(p)
     return p.parse_args(argv)
 
 
