@@ -163,7 +163,7 @@ class Curve(Section):
     """The data-size axis: these tasks x archs are also trained on every size in ``sizes``."""
 
     tasks: list[str] = ["natural"]
-    archs: dict[str, str] = {"vit": "vit", "swin": "swin", "resnet": "resnet"}
+    archs: dict[str, str] = {"vit": "vit", "resnet": "resnet"}
     sizes: list[PosInt] = [1000, 4000]
 
     @model_validator(mode="after")

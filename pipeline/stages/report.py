@@ -49,13 +49,23 @@ def _write_table(out: Path, name: str, title: str, note: str, df: pd.DataFrame, 
     return f"tables/{name}.md"
 
 
+def configured(m: dict, params) -> bool:
+    """Is this run part of the grid params.yaml configures now? (Run folders persist across DVC reruns, so a
+    task or architecture removed from the params would otherwise linger in the report.)"""
+    t, d = params.train, params.distill
+    grid = {"runs": ({*t.archs, *d.students}, t.tasks if m["arch"] in t.archs else d.tasks),
+            "curve": (set(t.curve.archs), t.curve.tasks),
+            "teachers": (set(d.teachers), d.tasks)}[m["source"]]
+    return m["arch"] in grid[0] and m["task"] in grid[1]
+
+
 @stage_main
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     params = load_params(args.params)
     rp, level, out = params.report, params.report.confidence, args.out
-    records = (sources.read_metrics(args.runs, "runs") + sources.read_metrics(args.curve, "curve")
-               + sources.read_metrics(args.teachers, "teachers"))
+    records = [m for m in (sources.read_metrics(args.runs, "runs") + sources.read_metrics(args.curve, "curve")
+                           + sources.read_metrics(args.teachers, "teachers")) if configured(m, params)]
     if not records:
         raise StageError(f"no metrics.json under {args.runs}, {args.curve} or {args.teachers}: nothing to report")
     runs, slices = agg.runs_frame(records), agg.slices_frame(records)
