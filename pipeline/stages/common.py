@@ -50,6 +50,8 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=".*dataloader is not resumable.*")
     # The checkpoint folder holds the run's identity stamp (config.json) beside last.ckpt by design.
     warnings.filterwarnings("ignore", message=".*Checkpoint directory .* exists and is not empty.*")
+    # A DeiT student's frozen teacher is a submodule kept in eval mode on purpose.
+    warnings.filterwarnings("ignore", message=".*module\\(s\\) in eval mode at the start of training.*")
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
 
 
