@@ -13,14 +13,12 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from pipeline.errors import ConfigError
+
 PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
 PosFloat = Annotated[float, Field(gt=0)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
-
-
-class ConfigError(ValueError):
-    """A params problem, phrased as one line: ``<file>: <key>: <reason>``."""
 
 
 class Section(BaseModel):

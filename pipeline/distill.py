@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.errors import StageError
 from pipeline.io import sha256_file
-from pipeline.stages.common import StageError
 
 WEIGHTS = "model.pt"
 PROVENANCE = "provenance.json"

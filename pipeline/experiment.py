@@ -22,9 +22,9 @@ import numpy as np
 from pipeline import budget, tracking
 from pipeline.config import Params
 from pipeline.distill import WEIGHTS, load_teacher
+from pipeline.errors import StageError
 from pipeline.io import write_json, write_with
 from pipeline.models import param_count
-from pipeline.stages.common import StageError
 
 FLOPS_CONVENTION = ("2 FLOPs per multiply-add of matmul/conv ops (torch FlopCounterMode, MATH attention); "
                     "train = 3 x forward")

@@ -44,7 +44,8 @@ from timm.models.swin_transformer import SwinTransformer
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
-from pipeline.config import ConfigError, Params
+from pipeline.config import Params
+from pipeline.errors import ConfigError
 
 ARCHS = ("vit", "vit_nopos", "vit_sincos", "deit", "swin", "swin_noshift", "resnet")
 

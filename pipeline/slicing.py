@@ -19,9 +19,9 @@ from itertools import pairwise
 import numpy as np
 import pandas as pd
 
-from pipeline.config import ConfigError, Slicing
+from pipeline.config import Slicing
+from pipeline.errors import ConfigError, StageError
 from pipeline.io import sha256_bytes
-from pipeline.stages.common import StageError
 from pipeline.tasks.common import ROLE_EVAL, ROLE_FIT
 
 

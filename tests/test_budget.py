@@ -17,7 +17,8 @@ from pipeline.budget import (
     train_flops_per_image,
     training_flops,
 )
-from pipeline.config import ConfigError, Geometry, Models, Params, parse_params
+from pipeline.config import Geometry, Models, Params, parse_params
+from pipeline.errors import ConfigError
 from pipeline.models import ARCHS, build_model
 
 torch.set_num_threads(1)

@@ -13,7 +13,8 @@ from timm.layers import Attention
 from timm.models.swin_transformer import SwinTransformer
 from timm.models.vision_transformer import Block, VisionTransformer
 
-from pipeline.config import ConfigError, parse_params
+from pipeline.config import parse_params
+from pipeline.errors import ConfigError
 from pipeline.interface import nullspace, pairs, permutation, reachability
 from pipeline.interface.reachability import UNREACHABLE
 

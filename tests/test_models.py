@@ -6,7 +6,8 @@ import pytest
 import timm.layers
 import torch
 
-from pipeline.config import ConfigError, Params, parse_params
+from pipeline.config import Params, parse_params
+from pipeline.errors import ConfigError
 from pipeline.models import (
     ARCHS,
     budget_table,

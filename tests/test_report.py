@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from pipeline.config import ConfigError, Params, parse_params
+from pipeline.config import Params, parse_params
+from pipeline.errors import ConfigError
 from pipeline.report import aggregate as agg
 from pipeline.report import ledger
 from pipeline.stages import report as report_stage

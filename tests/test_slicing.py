@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline.config import ConfigError, Params, Slicing
+from pipeline.config import Params, Slicing
+from pipeline.errors import ConfigError, StageError
 from pipeline.slicing import check_splits, make_splits, manifest, per_class_counts
 from pipeline.stages import generate as gen_stage
 from pipeline.stages import slice as slice_stage
-from pipeline.stages.common import StageError
 from pipeline.tasks import TASKS
 
 CFG = Slicing(train_sizes=[30, 60, 120], val_size=40, test_size=100)

@@ -13,9 +13,9 @@ import pytest
 import yaml
 from PIL import Image
 
-from pipeline.config import ConfigError, Geometry, NaturalParams, Params, parse_params
+from pipeline.config import Geometry, NaturalParams, Params, parse_params
+from pipeline.errors import ConfigError, StageError
 from pipeline.stages import generate as gen_stage
-from pipeline.stages.common import StageError
 from pipeline.tasks import TASKS
 from pipeline.tasks.common import TaskData, image_to_cells
 from pipeline.tasks.natural import CLASSES, read_cifar10, resize

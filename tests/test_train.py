@@ -17,9 +17,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from pipeline import train as train_mod
 from pipeline.config import load_params
 from pipeline.distill import load_teacher
+from pipeline.errors import StageError
 from pipeline.experiment import RunSpec, run
 from pipeline.models import build_model
-from pipeline.stages.common import StageError
 from pipeline.train import Classifier, distillation_loss
 
 torch.set_num_threads(1)

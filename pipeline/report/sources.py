@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeline.stages.common import StageError
+from pipeline.errors import StageError
 
 
 def read_metrics(root: Path | None, source: str) -> list[dict]:

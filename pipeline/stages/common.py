@@ -7,11 +7,7 @@ import functools
 import sys
 from collections.abc import Callable
 
-from pipeline.config import ConfigError
-
-
-class StageError(RuntimeError):
-    """A problem with inputs (a missing or corrupt file, a tampered checkpoint): reported as one line."""
+from pipeline.errors import ConfigError, StageError
 
 
 def stage_main(fn: Callable[[list[str] | None], None]) -> Callable[[list[str] | None], int]:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeline.config import ConfigError, load_params
+from pipeline.config import load_params
+from pipeline.errors import ConfigError
 from pipeline.stages.common import add_run_paths, quiet_lightning, stage_main
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import ConfigError, NaturalParams, load_params
+from pipeline.config import NaturalParams, load_params
+from pipeline.errors import ConfigError
 from pipeline.io import save_figure, sha256_bytes, sha256_file, write_json
 from pipeline.stages.common import stage_main
 from pipeline.tasks import TASKS

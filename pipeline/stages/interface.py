@@ -14,10 +14,11 @@ import torch
 
 from pipeline import io
 from pipeline.config import load_params
+from pipeline.errors import StageError
 from pipeline.interface import report, study
 from pipeline.interface.checks import summary
 from pipeline.models import ARCHS, build_model
-from pipeline.stages.common import StageError, stage_main
+from pipeline.stages.common import stage_main
 from pipeline.tracking import flatten, stage_run
 
 FIGURES = {"nullity": "nullity.png", "permutation": "permutation.png", "pairs": "pairs.png",

@@ -16,10 +16,11 @@ import pandas as pd
 
 from pipeline import io, tracking
 from pipeline.config import load_params
+from pipeline.errors import StageError
 from pipeline.report import aggregate as agg
 from pipeline.report import figures as fig
 from pipeline.report import ledger, markdown, sources
-from pipeline.stages.common import StageError, stage_main
+from pipeline.stages.common import stage_main
 
 CI_NOTE = f"Mean over seeds with a {{level:.0%}} interval: {agg.CI_METHOD}. Level 2 (measurement)."
 LEDGER_NOTE = (

@@ -15,10 +15,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeline.config import ConfigError, load_params
+from pipeline.config import load_params
+from pipeline.errors import ConfigError, StageError
 from pipeline.io import sha256_bytes, sha256_file, write_json
 from pipeline.slicing import make_splits, manifest
-from pipeline.stages.common import StageError, stage_main
+from pipeline.stages.common import stage_main
 from pipeline.stages.generate import atomic_dir
 from pipeline.tasks import TASKS
 

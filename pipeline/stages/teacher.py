@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from pipeline.config import ConfigError, load_params
+from pipeline.config import load_params
+from pipeline.errors import ConfigError
 from pipeline.stages.common import add_run_paths, quiet_lightning, stage_main
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.config import ConfigError, Params, load_params
+from pipeline.config import Params, load_params
+from pipeline.errors import ConfigError
 from pipeline.stages.common import add_run_paths, quiet_lightning, stage_main
 
 

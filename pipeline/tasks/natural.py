@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.config import Geometry, NaturalParams
-from pipeline.stages.common import StageError
+from pipeline.errors import StageError
 from pipeline.tasks.common import ROLE_EVAL, ROLE_FIT, TaskData
 
 CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]

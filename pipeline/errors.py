@@ -1,0 +1,9 @@
+"""The two user-facing error kinds. Stage entry points print either as one ``error:`` line and exit 2."""
+
+
+class ConfigError(ValueError):
+    """A params problem, phrased as one line: ``<file>: <key>: <reason>``."""
+
+
+class StageError(RuntimeError):
+    """A problem with inputs (a missing or corrupt file, a tampered checkpoint): reported as one line."""
