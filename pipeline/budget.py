@@ -26,8 +26,9 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from pipeline.archs import ARCHS
 from pipeline.config import Params
-from pipeline.models import SPECS, arch_spec, budget_table, build_model
+from pipeline.models import arch_spec, budget_table, build_model
 
 TRAIN_FORWARD_MULTIPLE = 3  # forward + backward (2 x forward)
 
@@ -70,28 +71,55 @@ def _transformer_block(tokens: int, keys: int, dim: int, hidden: int) -> int:
             + _linear(tokens, dim, hidden) + _linear(tokens, hidden, dim))
 
 
-def _vit_flops(params: Params, width: int, num_classes: int, prefix: int, heads: int) -> int:
-    """Patch embedding on N = (H/P)^2 patches, depth blocks over T = N + prefix tokens, ``heads`` heads."""
-    g, v = params.geometry, params.models.vit
+def _embedding(params: Params, width: int, embed: str) -> int:
+    """The patch projection onto the (H/P)^2 token grid: disjoint P x P, overlapping (P+2)^2, or a conv stem.
+
+    A k x k convolution is a (k*k*c_in -> c_out) matmul at every output position. The conv stem halves the
+    resolution with each 3x3 stride-2 convolution (``width // 4`` hidden channels, ``width`` at the end).
+    """
+    g = params.geometry
     n = g.grid**2
-    tokens = n + prefix
-    patch = _linear(n, g.patch_size**2 * g.channels, width)  # the stride-P convolution is this matmul
-    blocks = v.depth * _transformer_block(tokens, tokens, width, int(width * v.mlp_ratio))
-    return patch + blocks + heads * _linear(1, width, num_classes)
+    if embed == "overlap":
+        return _linear(n, (g.patch_size + 2) ** 2 * g.channels, width)
+    if embed == "convstem":
+        total, res, c_in = 0, g.image_size, g.channels
+        steps = int(math.log2(g.patch_size))
+        for i in range(steps):
+            res = (res + 1) // 2
+            c_out = width if i == steps - 1 else width // 4
+            total += _linear(res * res, 9 * c_in, c_out)
+            c_in = c_out
+        return total
+    return _linear(n, g.patch_size**2 * g.channels, width)  # the stride-P convolution is this matmul
 
 
-def _swin_flops(params: Params, width: int, num_classes: int) -> int:
+def _vit_flops(params: Params, width: int, num_classes: int, prefix: int = 0, heads: int = 1,
+               embed: str = "patch", mix: bool = True, **_: object) -> int:
+    """Patch embedding on N = (H/P)^2 patches, depth blocks over T = N + prefix tokens, ``heads`` heads.
+
+    ``mix=False`` (``nomix``): blocks are the MLP alone, no qkv, attention or projection.
+    """
+    g, v = params.geometry, params.models.vit
+    tokens = g.grid**2 + prefix
+    hidden = int(width * v.mlp_ratio)
+    mlp = _linear(tokens, width, hidden) + _linear(tokens, hidden, width)
+    block = _transformer_block(tokens, tokens, width, hidden) if mix else mlp
+    return _embedding(params, width, embed) + v.depth * block + heads * _linear(1, width, num_classes)
+
+
+def _swin_flops(params: Params, width: int, num_classes: int, local: bool = False, **_: object) -> int:
     """Patch embedding, then per stage: patch merging (stages > 0) and window-attention blocks.
 
     Stage i has dim ``width * 2**i`` on an R_i x R_i grid (R_0 = H / swin patch, halved per stage); a
     window is ``min(window_size, R_i)`` per side (timm's shrink), so every token attends to w_i^2 keys; the
-    shifted-window mask changes which keys, not how many products are computed.
+    shifted-window mask changes which keys, not how many products are computed. ``local``: one stage of
+    ``sum(depths)`` blocks.
     """
     g, s = params.geometry, params.models.swin
     res = g.image_size // s.patch_size
     total = _linear(res * res, s.patch_size**2 * g.channels, width)
     dim = width
-    for i, depth in enumerate(s.depths):
+    for i, depth in enumerate([sum(s.depths)] if local else s.depths):
         if i > 0:
             res //= 2
             total += _linear(res * res, 4 * dim, 2 * dim)  # PatchMerging: concat 2x2 neighbours, project
@@ -101,36 +129,47 @@ def _swin_flops(params: Params, width: int, num_classes: int) -> int:
     return total + _linear(1, dim, num_classes)
 
 
-def _resnet_flops(params: Params, width: int, num_classes: int) -> int:
-    """3x3 stride-1 stem, BasicBlocks (two 3x3 convs), 1x1 projection where the shape changes, fc head."""
+def _resnet_flops(params: Params, width: int, num_classes: int, downsample: str = "stride", **_: object) -> int:
+    """3x3 stride-1 stem, BasicBlocks (two 3x3 convs), 1x1 projection where the shape changes, fc head.
+
+    ``downsample``: 'stride' (stride-2 first conv and shortcut), 'none' (every map at full resolution) or
+    'blur' (first conv at stride 1 on the larger map, then a depthwise 3x3 stride-2 BlurPool on its output
+    and on the shortcut's input: 9 multiply-adds per output value).
+    """
     g, r = params.geometry, params.models.resnet
     res, c_in = g.image_size, width
     total = _linear(res * res, 9 * g.channels, width)  # a k x k convolution is a (k*k*c_in -> c_out) matmul
     for i, blocks in enumerate(r.layers):
-        c = width * 2**i
-        if i > 0:
-            res = (res + 1) // 2  # a stride-2 3x3 conv with padding 1 (and the 1x1 shortcut) rounds up
+        c, before = width * 2**i, res
+        if i > 0 and downsample != "none":
+            res = (res + 1) // 2  # a stride-2 3x3 conv with padding 1 (or a 3x3 blur, padded 1) rounds up
+        blurred = downsample == "blur" and res != before
         for j in range(blocks):
             first_in = c_in if j == 0 else c
-            total += _linear(res * res, 9 * first_in, c) + _linear(res * res, 9 * c, c)
+            conv1_res = before if j == 0 and blurred else res
+            total += _linear(conv1_res**2, 9 * first_in, c) + _linear(res * res, 9 * c, c)
             if j == 0 and (i > 0 or c_in != c):
                 total += _linear(res * res, c_in, c)  # projection shortcut
+            if j == 0 and blurred:
+                total += _linear(res * res, 9, c) + _linear(res * res, 9, c_in)  # block blur + shortcut blur
         c_in = c
     return total + _linear(1, c_in, num_classes)
 
 
 _FAMILY_FLOPS = {
-    "vit": lambda p, w, k: _vit_flops(p, w, k, prefix=0, heads=1),
-    "deit": lambda p, w, k: _vit_flops(p, w, k, prefix=2, heads=2),  # class + distillation token, two heads
+    "vit": _vit_flops,
+    "deit": lambda p, w, k, **o: _vit_flops(p, w, k, prefix=2, heads=2),  # class + distillation token, 2 heads
     "swin": _swin_flops,
     "resnet": _resnet_flops,
+    "nomix": lambda p, w, k, **o: _vit_flops(p, w, k, mix=False),
 }
-assert {spec.family for spec in SPECS.values()} == set(_FAMILY_FLOPS)
+assert {info.family for info in ARCHS.values()} == set(_FAMILY_FLOPS)
 
 
 def analytic_forward_flops(arch: str, params: Params, width: int, num_classes: int) -> int:
     """Forward FLOPs per image from the architecture's layout (convention in the module docstring)."""
-    return _FAMILY_FLOPS[arch_spec(arch).family](params, width, num_classes)
+    spec = arch_spec(arch)
+    return _FAMILY_FLOPS[ARCHS[arch].family](params, width, num_classes, **spec.options)
 
 
 # --------------------------------------------------------------------------- training budget

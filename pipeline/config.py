@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from pipeline.archs import ARCHS
 from pipeline.errors import ConfigError
 
 PosInt = Annotated[int, Field(gt=0)]
@@ -142,19 +143,15 @@ class Models(Section):
 
 
 # --------------------------------------------------------------------------- training
-# The params section each architecture reads. The train/curve/teacher matrices map an architecture to its
-# section in params.yaml (e.g. ``vit_nopos: vit``) so that dvc.yaml can declare exactly ``models.<section>``
-# per entry: editing ``models.swin`` reruns swin and swin_noshift, nothing else.
-ARCH_SECTIONS = {"vit": "vit", "vit_nopos": "vit", "vit_sincos": "vit", "deit": "vit",
-                 "swin": "swin", "swin_noshift": "swin", "resnet": "resnet"}
-
-
+# The params section each architecture reads (pipeline/archs.py). The train/curve/teacher matrices map an
+# architecture to its section (e.g. ``vit_nopos: vit``) so that dvc.yaml can declare exactly ``models.<section>``
+# per entry: editing ``models.swin`` reruns the Swin family, nothing else.
 def _check_archs(archs: dict[str, str], key: str) -> None:
     for arch, section in archs.items():
-        if arch not in ARCH_SECTIONS:
-            raise ValueError(f"{key}.{arch}: unknown architecture (known: {', '.join(ARCH_SECTIONS)})")
-        if section != ARCH_SECTIONS[arch]:
-            raise ValueError(f"{key}.{arch}: reads models.{ARCH_SECTIONS[arch]}, not models.{section}")
+        if arch not in ARCHS:
+            raise ValueError(f"{key}.{arch}: unknown architecture (known: {', '.join(ARCHS)})")
+        if section != ARCHS[arch].section:
+            raise ValueError(f"{key}.{arch}: reads models.{ARCHS[arch].section}, not models.{section}")
 
 
 class Curve(Section):
@@ -188,7 +185,7 @@ class Recipe(Section):
     def _ranges(self) -> Recipe:
         if self.warmup_steps >= self.steps:
             raise ValueError(f"warmup_steps: {self.warmup_steps} must be below steps {self.steps}")
-        if self.flops_reference_arch not in ARCH_SECTIONS:
+        if self.flops_reference_arch not in ARCHS:
             raise ValueError(f"flops_reference_arch: unknown architecture {self.flops_reference_arch!r}")
         return self
 

@@ -38,34 +38,89 @@ from typing import Any, NamedTuple
 import pandas as pd
 import timm.layers
 import torch
+from timm.layers import BlurPool2d
 from timm.models.deit import VisionTransformerDistilled
 from timm.models.resnet import BasicBlock, ResNet
 from timm.models.swin_transformer import SwinTransformer
-from timm.models.vision_transformer import VisionTransformer
+from timm.models.vision_transformer import Block, VisionTransformer
 from torch import nn
 
+from pipeline.archs import ARCHS
 from pipeline.config import Params
 from pipeline.errors import ConfigError
 
-ARCHS = ("vit", "vit_nopos", "vit_sincos", "deit", "swin", "swin_noshift", "resnet")
-
 
 # --------------------------------------------------------------------------- family builders
+def _conv_stem(channels: int, width: int, patch: int) -> nn.Sequential:
+    """log2(P) overlapping 3x3 stride-2 convolutions (Xiao et al. 2021): (B, C, H, W) -> (B, d, H/P, W/P).
+
+    Hidden convolutions have ``width // 4`` channels with BatchNorm + ReLU, so the stem adds few parameters
+    over the P x P projection it replaces and the ViT's width can stay the same; the last one projects to
+    the width (with a bias, as the patchify projection) and feeds the token grid.
+    """
+    steps = int(math.log2(patch))
+    if 2**steps != patch:
+        raise ConfigError(f"geometry.patch_size: {patch} must be a power of 2 for a stride-2 conv stem")
+    layers: list[nn.Module] = []
+    c_in = channels
+    for _ in range(steps - 1):
+        layers += [nn.Conv2d(c_in, width // 4, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(width // 4),
+                   nn.ReLU(inplace=True)]
+        c_in = width // 4
+    return nn.Sequential(*layers, nn.Conv2d(c_in, width, 3, stride=2, padding=1))
+
+
+def _patch_projection(embed: str, channels: int, width: int, patch: int) -> nn.Module | None:
+    """The projection replacing timm's disjoint P x P one (None: keep it). Every choice gives an H/P grid."""
+    if embed == "overlap":  # kernel P + 2, stride P, padding 1: each patch sees a 1-px ring of its neighbours
+        return nn.Conv2d(channels, width, patch + 2, stride=patch, padding=1)
+    if embed == "convstem":
+        return _conv_stem(channels, width, patch)
+    return None
+
+
+class TokenMLPBlock(nn.Module):
+    """Pre-norm residual MLP on each token alone, x + MLP(LN(x)): a ViT block without attention.
+
+    Built by timm's ``VisionTransformer`` as its ``block_fn`` (same signature; attention arguments unused).
+    """
+
+    def __init__(self, dim: int, mlp_ratio: float, norm_layer: Callable[..., nn.Module],
+                 act_layer: Callable[..., nn.Module], mlp_layer: Callable[..., nn.Module], **_: Any):
+        super().__init__()
+        self.norm = norm_layer(dim)
+        self.mlp = mlp_layer(in_features=dim, hidden_features=int(dim * mlp_ratio), act_layer=act_layer)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, N, d) -> (B, N, d), token by token
+        return x + self.mlp(self.norm(x))
+
+
 def _vit(params: Params, num_classes: int, width: int, **options: Any) -> nn.Module:
-    """Plain ViT, no class token, mean of patch tokens; ``position``: 'learn' | 'none' | 'sincos'."""
+    """Plain ViT, no class token, mean of patch tokens.
+
+    ``position``: 'learn' | 'none' | 'sincos' (fixed buffer) | 'sincos_init' (learned, starts at the table);
+    ``embed``: 'patch' | 'overlap' | 'convstem'; ``mix=False`` swaps every block for :class:`TokenMLPBlock`.
+    """
     g, v = params.geometry, params.models.vit
-    position = options["position"]
+    position = options.get("position", "learn")
     model = VisionTransformer(
         img_size=g.image_size, patch_size=g.patch_size, in_chans=g.channels, num_classes=num_classes,
         embed_dim=width, depth=v.depth, num_heads=v.num_heads, mlp_ratio=v.mlp_ratio,
-        class_token=False, global_pool="avg",
-        pos_embed="none" if position == "none" else "learn",
+        class_token=False, global_pool="avg", pos_embed="none" if position == "none" else "learn",
+        block_fn=Block if options.get("mix", True) else TokenMLPBlock,
     )
-    if position == "sincos":
-        # (N, d) table in the patch embedding's row-major token order, swapped in for the learned parameter.
-        table = timm.layers.build_sincos2d_pos_embed([g.grid, g.grid], dim=width)
-        del model.pos_embed
-        model.register_buffer("pos_embed", table.unsqueeze(0))  # (1, N, d); timm adds it in _pos_embed
+    proj = _patch_projection(options.get("embed", "patch"), g.channels, width, g.patch_size)
+    if proj is not None:  # PatchEmbed keeps its grid bookkeeping and flattening; only the projection changes
+        model.patch_embed.proj = proj
+    if position.startswith("sincos"):
+        # (1, N, d) table in the patch embedding's row-major token order; timm adds it in _pos_embed.
+        table = timm.layers.build_sincos2d_pos_embed([g.grid, g.grid], dim=width).unsqueeze(0)
+        if position == "sincos":  # swapped in for the learned parameter: fixed, not trained, not counted
+            del model.pos_embed
+            model.register_buffer("pos_embed", table)
+        else:
+            with torch.no_grad():
+                model.pos_embed.copy_(table)
     return model
 
 
@@ -80,11 +135,16 @@ def _deit(params: Params, num_classes: int, width: int, **options: Any) -> nn.Mo
 
 
 def _swin(params: Params, num_classes: int, width: int, **options: Any) -> nn.Module:
-    """Swin with shifted windows; ``shift=False`` turns every block's shift off (timm's resize path)."""
+    """Swin with shifted windows; ``shift=False`` turns every block's shift off (timm's resize path).
+
+    ``local=True``: one stage of ``sum(depths)`` blocks with the first stage's heads and no patch merging,
+    so the window partition never changes and (without shift) tokens in different windows never meet.
+    """
     g, s = params.geometry, params.models.swin
+    depths, heads = (s.depths, s.num_heads) if not options.get("local") else ([sum(s.depths)], s.num_heads[:1])
     model = SwinTransformer(
         img_size=g.image_size, patch_size=s.patch_size, in_chans=g.channels, num_classes=num_classes,
-        embed_dim=width, depths=tuple(s.depths), num_heads=tuple(s.num_heads), window_size=s.window_size,
+        embed_dim=width, depths=tuple(depths), num_heads=tuple(heads), window_size=s.window_size,
         mlp_ratio=s.mlp_ratio, drop_path_rate=0.0,
     )
     if not options["shift"]:
@@ -102,12 +162,16 @@ def _resnet(params: Params, num_classes: int, width: int, **options: Any) -> nn.
     timm's default stem (7x7 stride 2 + max-pool) would shrink a 16-px image to 4 px before the first block.
     timm fixes the default stem's output at 64 channels; its 'deep' stem outputs ``2 * stem_width``, which is
     how the first stage's input width is set to ``width`` here before the stem itself is replaced.
+    ``downsample``: 'stride' (timm's stride-2 convs) | 'none' (every stride 1) | 'blur' (timm's BlurPool
+    ``aa_layer`` in the blocks, and a BlurPool before the 1x1 shortcut too, as Zhang 2019).
     """
     g, r = params.geometry, params.models.resnet
+    downsample = options.get("downsample", "stride")
     channels = tuple(width * 2**i for i in range(len(r.layers)))
     model = ResNet(
         block=BasicBlock, layers=tuple(r.layers), channels=channels, num_classes=num_classes,
         in_chans=g.channels, stem_type="deep", stem_width=width // 2,
+        aa_layer=BlurPool2d if downsample == "blur" else None,
     )
     model.conv1 = nn.Conv2d(g.channels, width, kernel_size=3, stride=1, padding=1, bias=False)
     nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")  # as timm's init_weights
@@ -115,13 +179,28 @@ def _resnet(params: Params, num_classes: int, width: int, **options: Any) -> nn.
     for i in range(len(r.layers) + 1, 5):
         # timm's forward_features calls layer1..layer4 by name; absent stages become identities.
         model.add_module(f"layer{i}", nn.Identity())
+    if downsample == "blur":
+        _blur_shortcuts(model)
+    if downsample == "none":
+        for m in model.modules():
+            if isinstance(m, nn.Conv2d):
+                m.stride = (1, 1)  # 3x3 convs keep padding 1 and 1x1 shortcuts padding 0: same-size maps
     return model
+
+
+def _blur_shortcuts(model: ResNet) -> None:
+    """Every strided 1x1 projection shortcut becomes BlurPool (stride 2) then the 1x1 conv at stride 1."""
+    for block in model.modules():
+        shortcut = getattr(block, "downsample", None)
+        if isinstance(shortcut, nn.Sequential) and shortcut[0].stride == (2, 2):
+            shortcut[0].stride = (1, 1)
+            shortcut.insert(0, BlurPool2d(shortcut[0].in_channels, stride=2))
 
 
 # --------------------------------------------------------------------------- width granularity
 def _vit_step(params: Params) -> int:
-    # Heads must divide d, and the 2D sin-cos table needs d divisible by 4: one step for the whole ViT family,
-    # so the position variants can share one width.
+    # Heads must divide d, and the 2D sin-cos table and the conv stem's d/4 hidden channels need d divisible
+    # by 4: one step for the whole ViT family, so the variants can share one width.
     return math.lcm(params.models.vit.num_heads, 4)
 
 
@@ -137,36 +216,46 @@ def _resnet_step(params: Params) -> int:
 
 @dataclass(frozen=True)
 class ArchSpec:
-    """One architecture: a timm family builder, its options, and the width step its constructor requires.
+    """How to build one architecture of :data:`pipeline.archs.ARCHS`: builder options and width step.
 
+    The family (hence the builder) comes from the architecture's :class:`~pipeline.archs.ArchInfo`.
     ``width_of`` names the architecture whose solved width an ablation reuses, so that the ablation changes
     one thing only (the position signal, the shift) and not the width as well; its own parameter count
     must still land within the tolerance.
     """
 
-    family: str  # 'vit' | 'deit' | 'swin' | 'resnet': the layout the analytic FLOP count follows
-    build: Callable[..., nn.Module]
     step: Callable[[Params], int]
     description: str
     options: dict[str, Any] = field(default_factory=dict)
     width_of: str | None = None
 
 
-SPECS: dict[str, ArchSpec] = {
-    "vit": ArchSpec("vit", _vit, _vit_step, "ViT, learned 1D position, mean readout",
-                    options={"position": "learn"}),
-    "vit_nopos": ArchSpec("vit", _vit, _vit_step, "ViT, no position, mean readout",
-                          options={"position": "none"}, width_of="vit"),
-    "vit_sincos": ArchSpec("vit", _vit, _vit_step, "ViT, fixed 2D sin-cos position, mean readout",
-                           options={"position": "sincos"}, width_of="vit"),
-    "deit": ArchSpec("deit", _deit, _vit_step, "DeiT, class + distillation tokens, learned 1D position"),
-    "swin": ArchSpec("swin", _swin, _swin_step, "Swin, shifted windows", options={"shift": True}),
-    "swin_noshift": ArchSpec("swin", _swin, _swin_step, "Swin, windows never shifted",
-                             options={"shift": False}, width_of="swin"),
-    "resnet": ArchSpec("resnet", _resnet, _resnet_step,
-                       "ResNet (BasicBlock), 3x3 stride-1 stem, no max-pool"),
+_BUILDERS: dict[str, Callable[..., nn.Module]] = {
+    "vit": _vit, "deit": _deit, "swin": _swin, "resnet": _resnet,
+    "nomix": lambda p, k, w, **o: _vit(p, k, w, position="none", mix=False),
 }
-assert tuple(SPECS) == ARCHS
+
+SPECS: dict[str, ArchSpec] = {
+    "vit": ArchSpec(_vit_step, "ViT, learned 1D position, mean readout"),
+    "vit_nopos": ArchSpec(_vit_step, "ViT, no position, mean readout", {"position": "none"}, "vit"),
+    "vit_sincos": ArchSpec(_vit_step, "ViT, fixed 2D sin-cos position, mean readout", {"position": "sincos"},
+                           "vit"),
+    "vit_sincos_init": ArchSpec(_vit_step, "ViT, learned position initialised to the 2D sin-cos table",
+                                {"position": "sincos_init"}, "vit"),
+    "vit_convstem": ArchSpec(_vit_step, "ViT, stride-2 3x3 conv stem", {"embed": "convstem"}, "vit"),
+    "vit_overlap": ArchSpec(_vit_step, "ViT, overlapping (P+2)x(P+2) stride-P patches", {"embed": "overlap"},
+                            "vit"),
+    "deit": ArchSpec(_vit_step, "DeiT, class + distillation tokens, learned 1D position"),
+    "deit_labels": ArchSpec(_vit_step, "DeiT trained on labels only", width_of="deit"),
+    "swin": ArchSpec(_swin_step, "Swin, shifted windows", {"shift": True}),
+    "swin_noshift": ArchSpec(_swin_step, "Swin, windows never shifted", {"shift": False}, "swin"),
+    "swin_local": ArchSpec(_swin_step, "Swin, one stage, fixed windows", {"shift": False, "local": True}),
+    "resnet": ArchSpec(_resnet_step, "ResNet (BasicBlock), 3x3 stride-1 stem, no max-pool"),
+    "resnet_s1": ArchSpec(_resnet_step, "ResNet, every stride 1", {"downsample": "none"}, "resnet"),
+    "resnet_aa": ArchSpec(_resnet_step, "ResNet, BlurPool downsampling", {"downsample": "blur"}, "resnet"),
+    "nomix": ArchSpec(lambda p: 1, "patch embedding, per-token MLP blocks, mean readout"),
+}
+assert SPECS.keys() == ARCHS.keys(), "every architecture of pipeline.archs has one build row"
 
 
 def arch_spec(arch: str) -> ArchSpec:
@@ -203,7 +292,7 @@ def build_model(arch: str, params: Params, num_classes: int, width: int | None =
     step = spec.step(params)
     if width <= 0 or width % step:
         raise ConfigError(f"width: {width} for {arch} must be a positive multiple of {step}")
-    return spec.build(params, num_classes, width, **spec.options)
+    return _BUILDERS[ARCHS[arch].family](params, num_classes, width, **spec.options)
 
 
 def _count_at(arch: str, params: Params, num_classes: int, width: int) -> int:
@@ -256,7 +345,7 @@ def solve_width(arch: str, params: Params, num_classes: int) -> int:
     return width
 
 
-def budget_table(params: Params, num_classes: int, archs: tuple[str, ...] = ARCHS) -> pd.DataFrame:
+def budget_table(params: Params, num_classes: int, archs: tuple[str, ...] = tuple(ARCHS)) -> pd.DataFrame:
     """One row per architecture: arch, width, params, deviation (params / target - 1), solve_seconds."""
     rows = []
     for arch in archs:
