@@ -1,15 +1,23 @@
-"""The architecture factory: every arch runs, each variant is what its name claims, widths match."""
+"""The architecture factory: every arch builds, matches the parameter target, trains, and is what its name claims."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 import timm.layers
 import torch
+import torch.nn.functional as F
+import yaml
+from timm.layers import BlurPool2d
+from timm.models.deit import VisionTransformerDistilled
 
-from pipeline.config import Params, parse_params
+from pipeline.archs import ARCHS
+from pipeline.config import parse_params
 from pipeline.errors import ConfigError
+from pipeline.interface.reachability import generic_weights, token_dependency
 from pipeline.models import (
-    ARCHS,
     budget_table,
     build_model,
     param_count,
@@ -20,16 +28,16 @@ from pipeline.models import (
 
 torch.set_num_threads(1)
 
+REPO_PARAMS = yaml.safe_load((Path(__file__).parents[1] / "params.yaml").read_text())
 # Default geometry (16 px, 4-px patches: a 4x4 ViT grid; the tasks' checks tie it to their glyph sizes).
 # Swin on a 4x4 then 2x2 grid with 2x2 windows: stage 0 shifts, stage 1 is one window and cannot.
-TINY = parse_params({
-    "models": {
-        "param_target": 8000, "param_tolerance": 0.3, "reference_classes": 3,
-        "vit": {"depth": 2, "num_heads": 2, "mlp_ratio": 2.0},
-        "swin": {"patch_size": 4, "window_size": 2, "depths": [2, 2], "num_heads": [2, 4], "mlp_ratio": 2.0},
-        "resnet": {"layers": [1, 1]},
-    },
-})
+TINY_MODELS = {
+    "param_target": 8000, "param_tolerance": 0.3, "reference_classes": 3,
+    "vit": {"depth": 2, "num_heads": 2, "mlp_ratio": 2.0},
+    "swin": {"patch_size": 4, "window_size": 2, "depths": [2, 2], "num_heads": [2, 4], "mlp_ratio": 2.0},
+    "resnet": {"layers": [1, 1]},
+}
+TINY = parse_params({**REPO_PARAMS, "models": TINY_MODELS})
 CLASSES = 3
 
 
@@ -61,14 +69,135 @@ def tiny_models() -> dict[str, torch.nn.Module]:
     return {arch: build_model(arch, TINY, CLASSES) for arch in ARCHS}
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_every_arch_builds_and_classifies(arch, tiny_models):
-    model = tiny_models[arch].eval()
+# --------------------------------------------------------------------------- defining properties of controls
+SAMPLING_OPS = (torch.nn.modules.conv._ConvNd, torch.nn.modules.pooling._MaxPoolNd,
+                torch.nn.modules.pooling._AvgPoolNd, BlurPool2d)
+
+
+def _strides(model: torch.nn.Module) -> dict[str, int]:
+    """Largest stride of every sampling operator (convolutions, pools, BlurPool) by module name."""
+    out = {}
+    for name, m in model.named_modules():
+        if isinstance(m, SAMPLING_OPS):
+            stride = m.stride
+            out[name] = max(stride) if isinstance(stride, tuple) else int(stride)
+    return out
+
+
+def _pixel_dependency(model: torch.nn.Module, layout_out: str) -> np.ndarray:
+    """(tokens, pixels) bool: which input pixels each output token of ``forward_features`` depends on.
+
+    Measured by autograd on a float64 copy with generic (jittered) weights, as the reachability study does.
+    """
+    g = TINY.geometry
+    model = generic_weights(model)
+    x = torch.rand(2, g.channels, g.image_size, g.image_size, dtype=torch.float64,
+                   generator=torch.Generator().manual_seed(0))
+    return token_dependency(model.forward_features, x, "nchw", layout_out).matrix
+
+
+def _block_membership(side: int, block: int) -> np.ndarray:
+    """(tokens, pixels) bool for tokens that each own one ``block x block`` pixel cell (row-major)."""
+    yy, xx = np.divmod(np.arange(side * side), side)
+    cells = side // block
+    owner = (yy // block) * cells + xx // block
+    return np.arange(cells * cells)[:, None] == owner[None, :]
+
+
+def _check_resnet_s1(model):
+    assert max(_strides(model).values()) == 1, _strides(model)
+    assert max(_strides(build_model("resnet", TINY, CLASSES)).values()) == 2  # the partner does subsample
+    with torch.no_grad():
+        assert model.forward_features(_images()).shape[-2:] == (TINY.geometry.image_size,) * 2
+
+
+def _check_resnet_aa(model):
+    strided = {name for name, s in _strides(model).items() if s > 1}
+    assert strided and all(isinstance(model.get_submodule(n), BlurPool2d) for n in strided), strided
+
+
+def _check_same_grid_as_vit(model):
+    vit = build_model("vit", TINY, CLASSES)
+    assert model.patch_embed.grid_size == vit.patch_embed.grid_size
+    assert model.patch_embed.num_patches == vit.patch_embed.num_patches
+    assert model.embed_dim == vit.embed_dim
+    with torch.no_grad():
+        assert model.forward_features(_images()).shape == vit.forward_features(_images()).shape
+    convs = [m for m in model.patch_embed.proj.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert all(c.kernel_size[0] > c.stride[0] for c in convs), "every convolution must overlap its neighbours"
+
+
+def _check_nomix(model):
+    g = TINY.geometry
+    dep = _pixel_dependency(model, "nlc")  # token i depends on the pixels of patch i, and nothing else
+    np.testing.assert_array_equal(dep, _block_membership(g.image_size, g.patch_size))
+    assert _pixel_dependency(build_model("vit_nopos", TINY, CLASSES), "nlc").all()  # the partner mixes
+
+
+def _check_swin_local(model):
+    g, s = TINY.geometry, TINY.models.swin
+    dep = _pixel_dependency(model, "nhwc")  # token -> pixels of its own window, never another window's
+    tokens, pixel_window = dep.shape[0], _block_membership(g.image_size, s.patch_size * s.window_size)
+    side = g.image_size // s.patch_size
+    token_window = _block_membership(side, s.window_size).argmax(0)  # window index of every token
+    np.testing.assert_array_equal(dep, pixel_window[token_window[:tokens]])
+    assert pixel_window.shape[0] > 1, "one window would make the check vacuous"
+    assert _pixel_dependency(build_model("swin_noshift", TINY, CLASSES), "nhwc").all()  # merging mixes
+
+
+def _check_sincos_init(model):
+    assert isinstance(model.pos_embed, torch.nn.Parameter) and model.pos_embed.requires_grad
+    table = timm.layers.build_sincos2d_pos_embed([TINY.geometry.grid] * 2, dim=model.embed_dim)
+    torch.testing.assert_close(model.pos_embed.detach(), table.unsqueeze(0))
+
+
+def _check_deit_labels(model):
+    deit = build_model("deit", TINY, CLASSES)
+    assert isinstance(model, VisionTransformerDistilled) and model.num_prefix_tokens == 2
+    assert {k: v.shape for k, v in model.state_dict().items()} == {k: v.shape for k, v in deit.state_dict().items()}
+
+
+DEFINING = {
+    "resnet_s1": _check_resnet_s1, "resnet_aa": _check_resnet_aa, "vit_convstem": _check_same_grid_as_vit,
+    "vit_overlap": _check_same_grid_as_vit, "nomix": _check_nomix, "swin_local": _check_swin_local,
+    "vit_sincos_init": _check_sincos_init, "deit_labels": _check_deit_labels,
+}
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_every_arch_matches_params_trains_and_is_what_it_claims(arch):
+    torch.manual_seed(0)
+    model = build_model(arch, TINY, CLASSES)  # width solved at the target (ConfigError if out of tolerance)
+    m = TINY.models
+    n = param_count(model)
+    assert abs(n / m.param_target - 1) <= m.param_tolerance, f"{arch}: {n} params vs target {m.param_target}"
+    assert n == sum(p.numel() for p in model.parameters())  # nothing frozen
+    if arch in DEFINING:  # at initialisation, before any step
+        DEFINING[arch](model)
+
+    # One optimizer step on a tiny batch: finite loss, gradients everywhere trainable, weights move.
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = F.cross_entropy(model(_images(batch=4)), torch.tensor([0, 1, 2, 0]))
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    opt.step()
+    assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+
+    model.eval()
     with torch.no_grad():
         logits = model(_images())
     assert logits.shape == (2, CLASSES), f"{arch}: expected (2, {CLASSES}), got {tuple(logits.shape)}"
-    assert torch.isfinite(logits).all()
-    assert param_count(model) == sum(p.numel() for p in model.parameters())  # nothing frozen
+
+
+def test_every_control_names_a_partner_and_has_a_defining_check():
+    # A control without a check of the one thing it isolates would be a name, not a minimal pair.
+    controls = {a for a, info in ARCHS.items() if info.partner is not None}
+    checked = set(DEFINING) | {"vit_nopos", "vit_sincos", "swin_noshift", "deit"}  # tests below
+    assert controls <= checked, controls - checked
+    assert all(info.partner in ARCHS for info in ARCHS.values() if info.partner)
 
 
 def test_deit_distilled_training_returns_both_heads(tiny_models):
@@ -150,21 +279,22 @@ def test_resnet_keeps_full_resolution_stem(tiny_models):
 
 
 def test_default_widths_land_within_tolerance():
-    params = Params()
+    params = parse_params(REPO_PARAMS)
     table = budget_table(params, params.models.reference_classes)
-    assert list(table.arch) == list(ARCHS)
     tol = params.models.param_tolerance
     for row in table.itertuples():
         assert abs(row.deviation) <= tol, f"{row.arch}: {row.params} params is {row.deviation:+.1%} off"
         assert row.width % width_step(row.arch, params) == 0
     widths = dict(zip(table.arch, table.width, strict=True))
-    # Ablations change one thing: the position variants share the ViT's width, no-shift shares Swin's.
-    assert widths["vit"] == widths["vit_nopos"] == widths["vit_sincos"]
-    assert widths["swin"] == widths["swin_noshift"]
+    # Ablations change one thing, not the width as well.
+    for arch, reference in {"vit_nopos": "vit", "vit_sincos": "vit", "vit_sincos_init": "vit", "vit_convstem": "vit",
+                            "vit_overlap": "vit", "deit_labels": "deit", "swin_noshift": "swin",
+                            "resnet_s1": "resnet", "resnet_aa": "resnet"}.items():
+        assert widths[arch] == widths[reference], arch
 
 
 def test_impossible_target_names_the_key():
-    params = parse_params({"models": {"param_target": 50}})
+    params = parse_params({**REPO_PARAMS, "models": {**TINY_MODELS, "param_target": 50}})
     with pytest.raises(ConfigError, match=r"^models\.param_target: vit cannot get within"):
         solve_width("vit", params, 10)
 
@@ -176,14 +306,17 @@ def test_bad_widths_and_names_are_config_errors():
         build_model("vitt", TINY, CLASSES)
 
 
+SWIN = REPO_PARAMS["models"]["swin"]
+
+
 @pytest.mark.parametrize(("models", "key"), [
     ({"resnet": {"layers": [1, 1, 1, 1, 1]}}, "models.resnet.layers"),
-    ({"swin": {"window_size": 8, "depths": [2, 2], "num_heads": [2, 4]}}, "models.swin.window_size"),
-    ({"swin": {"window_size": 4, "depths": [1, 2], "num_heads": [2, 4]}}, "models.swin.window_size"),
+    ({"swin": {**SWIN, "window_size": 8, "depths": [2, 2], "num_heads": [2, 4]}}, "models.swin.window_size"),
+    ({"swin": {**SWIN, "window_size": 4, "depths": [1, 2], "num_heads": [2, 4]}}, "models.swin.window_size"),
     ({"reference_classes": 0}, "models.reference_classes"),
 ])
 def test_bad_model_params_name_the_key(models, key):
     with pytest.raises(ConfigError) as err:
-        parse_params({"models": models})
+        parse_params({**REPO_PARAMS, "models": {**REPO_PARAMS["models"], **models}})
     message = str(err.value)
     assert message.startswith(f"params.yaml: {key}:") and "\n" not in message, message
