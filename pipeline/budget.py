@@ -206,10 +206,12 @@ def steps_for_flops(target_train_flops: int, flops_per_image: int, batch_size: i
 def architecture_table(params: Params, num_classes: int | None = None) -> pd.DataFrame:
     """One row per architecture at its solved width: parameters and forward FLOPs per image.
 
-    Columns: arch, description, width, params, deviation (params / target - 1), forward_flops (analytic),
-    forward_flops_counted (``FlopCounterMode``, MATH attention), forward_flops_counted_fused (default CPU
-    attention backend: the attention products vanish), train_flops_per_image (3 x forward), solve_seconds.
-    ``num_classes`` defaults to ``models.reference_classes``.
+    Columns: arch, description, partner (the architecture it is a control of), width, params, deviation
+    (params / target - 1), forward_flops (analytic), flops_vs_partner (forward FLOPs / the partner's: a
+    control's extra compute shown, not hidden), forward_flops_counted (``FlopCounterMode``, MATH attention),
+    forward_flops_counted_fused (default CPU attention backend: the attention products vanish),
+    train_flops_per_image (3 x forward), solve_seconds. ``num_classes`` defaults to
+    ``models.reference_classes``.
     """
     num_classes = num_classes or params.models.reference_classes
     table = budget_table(params, num_classes)
@@ -219,11 +221,15 @@ def architecture_table(params: Params, num_classes: int | None = None) -> pd.Dat
         analytic = analytic_forward_flops(arch, params, int(width), num_classes)
         rows.append({
             "description": arch_spec(arch).description,
+            "partner": ARCHS[arch].partner or "",
             "forward_flops": analytic,
             "forward_flops_counted": measured_forward_flops(model, params),
             "forward_flops_counted_fused": measured_forward_flops(model, params, math_attention=False),
             "train_flops_per_image": train_flops_per_image(analytic),
         })
     out = pd.concat([table, pd.DataFrame(rows)], axis=1)
-    first = ["arch", "description", "width", "params", "deviation"]
+    flops = dict(zip(out.arch, out.forward_flops, strict=True))
+    out["flops_vs_partner"] = [flops[a] / flops[p] if p in flops else float("nan")
+                               for a, p in zip(out.arch, out.partner, strict=True)]
+    first = ["arch", "description", "partner", "width", "params", "deviation", "forward_flops", "flops_vs_partner"]
     return out[first + [c for c in out.columns if c not in first]]

@@ -13,6 +13,7 @@ import pandas as pd
 import torch
 
 from pipeline.config import load_params
+from pipeline.errors import StageError
 from pipeline.stages.common import stage_main
 
 
@@ -35,12 +36,12 @@ def main(argv: list[str] | None = None) -> None:
     table = budget.architecture_table(params)
     layouts = pd.DataFrame([
         {"arch": arch, **block._asdict()}
-        for arch in ("swin", "swin_noshift")
+        for arch in ("swin", "swin_noshift", "swin_local")
         for block in swin_block_layout(build_model(arch, params, params.models.reference_classes))
     ])
     mismatch = table[table.forward_flops != table.forward_flops_counted]
     if len(mismatch):  # the analytic formulas are the reported numbers: they must agree with the counter
-        raise RuntimeError(f"analytic FLOPs disagree with the counter for {', '.join(mismatch.arch)}")
+        raise StageError(f"analytic FLOPs disagree with the counter for {', '.join(mismatch.arch)}")
 
     write_with(args.report / "architectures.csv", lambda p: table.to_csv(p, index=False, float_format="%.6g"))
     write_with(args.report / "swin_layout.csv", lambda p: layouts.to_csv(p, index=False))
@@ -51,8 +52,11 @@ def main(argv: list[str] | None = None) -> None:
         "",
         f"Widths solved for {m.param_target:,} trainable parameters (tolerance {m.param_tolerance:.0%}) with a "
         f"{m.reference_classes}-class head, on {params.geometry.image_size} px images "
-        f"({params.geometry.patch_size} px ViT patches, {m.swin.patch_size} px Swin patches). Ablations "
-        "reuse their reference's width (position variants: `vit`; `swin_noshift`: `swin`).",
+        f"({params.geometry.patch_size} px ViT patches, {m.swin.patch_size} px Swin patches). A control "
+        "differs from its `partner` in one named thing (`pipeline/archs.py`); ablations that change no "
+        "parameter shape reuse their reference's width (ViT position and stem variants: `vit`; "
+        "`swin_noshift`: `swin`; `resnet_s1`, `resnet_aa`: `resnet`); `nomix` and `swin_local` solve their "
+        "own. `flops_vs_partner` shows what a control's forward costs against its partner's.",
         "",
         "FLOPs: 2 per multiply-add of convolutions, linear layers and the attention products QK^T and AV; "
         "norms, softmax, activations, adds and pooling ignored. `forward_flops` is analytic and equals "
