@@ -1,30 +1,39 @@
 """Architecture factory over timm, with widths solved so every architecture has about the same parameters.
 
-Every architecture is a timm module built with ``pretrained=False`` from ``params.geometry`` and
-``params.models``; the variants are rows of :data:`SPECS` (data), not branches of an ``if`` chain.
+Every name of :data:`pipeline.archs.ARCHS` is built here with ``pretrained=False`` from ``params.geometry``
+and ``params.models``: its family picks a builder, its row of :data:`SPECS` (data, not an ``if`` chain)
+gives the builder's options and the width step.
 
 Conventions stated once here (the report quotes them):
 
-* **Readout.** The plain ViT family (``vit``, ``vit_nopos``, ``vit_sincos``) has *no class token* and
-  reads out the mean of the patch tokens (timm ``global_pool='avg'``). Without a position signal that makes
-  the whole network exactly invariant to permutations of the patch tokens (attention is
-  permutation-equivariant, the mean is invariant), which the arrangement-task prediction relies on. DeiT
-  keeps timm's class + distillation token readout (its two heads read those tokens), so DeiT differs from
-  ``vit`` in readout as well as in the distillation token: compare DeiT runs with each other (teacher vs
-  none) for the distillation effect.
-* **Position.** ``vit``/``deit``: learned absolute 1D embedding; ``vit_nopos``: none; ``vit_sincos``: the
-  fixed 2D sin-cos table of timm's ``build_sincos2d_pos_embed``, stored as a buffer (not a parameter: not
-  trained, not counted). Swin has no absolute position (timm's relative position bias inside windows).
+* **Readout.** The plain ViT family (``vit*`` and ``nomix``) has *no class token* and reads out the mean of
+  the patch tokens (timm ``global_pool='avg'``). Without a position signal that makes the whole network
+  exactly invariant to permutations of the patch tokens (attention is permutation-equivariant, the mean is
+  invariant), which the arrangement-task prediction relies on. DeiT (``deit``, ``deit_labels``) keeps
+  timm's class + distillation token readout (its two heads read those tokens): ``deit_labels - vit`` is the
+  readout's effect, ``deit - deit_labels`` the teacher's.
+* **Position.** ``vit``/``deit``: learned absolute 1D embedding; ``vit_nopos`` and ``nomix``: none;
+  ``vit_sincos``: the fixed 2D sin-cos table of timm's ``build_sincos2d_pos_embed``, stored as a buffer (not
+  trained, not counted); ``vit_sincos_init``: a learned embedding that starts equal to that table. Swin has
+  no absolute position (timm's relative position bias inside windows).
+* **Embedding.** Disjoint P x P patches, except ``vit_overlap`` ((P+2) x (P+2) kernel, stride P) and
+  ``vit_convstem`` (log2 P overlapping 3x3 stride-2 convolutions, Xiao et al. 2021); all give the same
+  (H/P)^2 token grid and width.
+* **Downsampling** (ResNet): stride-2 convolutions (``resnet``), none at all (``resnet_s1``: every map at
+  full resolution, shift-equivariant up to the border, at several times the FLOPs), or timm's BlurPool
+  before every stride 2 (``resnet_aa``, Zhang 2019).
 * **Width.** ``width`` is the ViT/DeiT ``embed_dim``, Swin's first-stage ``embed_dim`` and the ResNet's
   first-stage channels (both doubling per stage). Ablations reuse their reference's width
-  (``ArchSpec.width_of``), so they change one thing only.
+  (``ArchSpec.width_of``), so they change one thing only; ``nomix`` and ``swin_local`` change the parameter
+  shapes and solve their own.
 * **Parameters** (:func:`param_count`) are trainable parameters; buffers (sin-cos table, Swin masks,
-  BatchNorm statistics) are not counted.
+  BlurPool filters, BatchNorm statistics) are not counted.
 * **Regularisation.** Stochastic depth and dropout are off everywhere (timm's Swin defaults to
   ``drop_path_rate=0.1``): regularisation belongs to the training recipe, applied to all alike.
 * **Swin windows.** timm shrinks a window to the stage resolution and turns the shift off where the window
   covers the whole stage; :func:`swin_block_layout` reports what each block really does, and the params
   schema rejects a layout where no block shifts (``swin`` and ``swin_noshift`` would be identical).
+  ``swin_local`` is one stage of ``sum(depths)`` unshifted blocks: its windows never merge.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from pipeline.archs import ARCHS
 from pipeline.config import load_params
 from pipeline.errors import StageError
 from pipeline.stages.common import stage_main
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     table = budget.architecture_table(params)
     layouts = pd.DataFrame([
         {"arch": arch, **block._asdict()}
-        for arch in ("swin", "swin_noshift", "swin_local")
+        for arch in [name for name, info in ARCHS.items() if info.family == "swin"]
         for block in swin_block_layout(build_model(arch, params, params.models.reference_classes))
     ])
     mismatch = table[table.forward_flops != table.forward_flops_counted]
