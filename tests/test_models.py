@@ -63,10 +63,18 @@ def _pooled(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         return model.forward_head(model.forward_features(x), pre_logits=True)
 
 
+class _Built(dict):
+    """Tiny models built on first use (seeded by name), shared by the tests of one module."""
+
+    def __missing__(self, arch: str) -> torch.nn.Module:
+        torch.manual_seed(0)
+        self[arch] = build_model(arch, TINY, CLASSES)
+        return self[arch]
+
+
 @pytest.fixture(scope="module")
 def tiny_models() -> dict[str, torch.nn.Module]:
-    torch.manual_seed(0)
-    return {arch: build_model(arch, TINY, CLASSES) for arch in ARCHS}
+    return _Built()
 
 
 # --------------------------------------------------------------------------- defining properties of controls
