@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipeline.errors import ConfigError
 
@@ -358,11 +358,21 @@ class ArrangementParams(SyntheticParams):
 
 
 class NaturalParams(Section):
-    """CIFAR-10 from an archive outside the repository (never committed)."""
+    """CIFAR-10 from an archive outside the repository (never committed), downloaded when none is found."""
 
-    path: str = "../shared/data/cifar10_jpg.tar.gz"  # relative to the repository root; jpg tarball or python
+    # Candidate archives, tried in order, relative to the repository root (jpg tarball or python archive);
+    # when none exists the official archive is downloaded to the last one. A single string is one candidate.
+    path: Annotated[list[str], Field(min_length=1)] = ["../shared/data/cifar10_jpg.tar.gz",
+                                                       "data/raw/cifar-10-python.tar.gz"]
+    url: str = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"  # the official archive
+    md5: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")] = "c58f30108f718f92721af3b95e74349a"  # published
     per_class_train: Annotated[int, Field(ge=1, le=5000)] = 1000  # first k per class of the official train
     per_class_test: Annotated[int, Field(ge=1, le=1000)] = 300  # ... and of the official test split
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _one_path(cls, value: object) -> object:
+        return [value] if isinstance(value, str) else value
 
     @property
     def n(self) -> int:
