@@ -411,6 +411,29 @@ class Slicing(Section):
         return self
 
 
+# --------------------------------------------------------------------------- evaluation (natural images)
+class SubgroupParams(Section):
+    """Pre-specified subgroups of the natural test set (pipeline/subgroups.py); no defaults: params.yaml."""
+
+    border: Literal["edge", "constant", "wrap"]  # fill of pixels a translation or zoom brings in
+    shuffle_seed: NonNegInt  # the per-image patch permutations of the arrangement subgroup
+    zoom: Annotated[list[PosFloat], Field(min_length=1)]  # scale subgroup: < 1 zooms out, > 1 in
+
+
+class ResolutionParams(Section):
+    """Evaluate trained models at other image sizes, same patch size (pipeline/resolution.py)."""
+
+    tasks: list[TaskName]  # tasks whose runs are also evaluated at ``sizes``
+    sizes: Annotated[list[PosInt], Field(min_length=1)]  # image sizes (px); the token grid changes
+    interpolation: Literal["bicubic", "bilinear"]  # learned absolute position embeddings (timm resample)
+    image_resize: Literal["area", "bilinear", "bicubic"]  # native test images -> each size
+
+
+class Evaluation(Section):
+    subgroups: SubgroupParams
+    resolution: ResolutionParams
+
+
 # --------------------------------------------------------------------------- root
 class Params(Section):
     seed: NonNegInt = 0
@@ -423,6 +446,26 @@ class Params(Section):
     report: Report = Report()
     tasks: Tasks = Field(default_factory=Tasks)
     slice: Slicing = Slicing()
+    # No default section: None only until the lead drops schema defaults (then params.yaml must hold it).
+    evaluation: Evaluation | None = None
+
+    @model_validator(mode="after")
+    def _resolution_sizes(self) -> Params:
+        """Every evaluated size must keep whole patches for the ViTs and whole merges for Swin."""
+        if self.evaluation is None:
+            return self
+        r, s = self.evaluation.resolution, self.models.swin
+        if missing := [t for t in r.tasks if t not in self.tasks.names]:
+            raise ValueError(f"evaluation.resolution.tasks: {missing} not in tasks.names {self.tasks.names}")
+        step = s.patch_size * 2 ** (len(s.depths) - 1)
+        for size in r.sizes:
+            if size % self.geometry.patch_size:
+                raise ValueError(f"evaluation.resolution.sizes: {size} is not a multiple of geometry.patch_size "
+                                 f"{self.geometry.patch_size}")
+            if size % step:
+                raise ValueError(f"evaluation.resolution.sizes: {size} is not a multiple of {step} (Swin patch "
+                                 f"{s.patch_size} and {len(s.depths) - 1} patch mergings)")
+        return self
 
     @model_validator(mode="after")
     def _interface_cross(self) -> Params:

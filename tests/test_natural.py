@@ -164,3 +164,92 @@ def test_stage_stores_native_eval_images(tmp_path):
     np.testing.assert_array_equal(natural.resize(natural.native_images(out, index), 16), images[index])
     with pytest.raises(StageError, match="eval rows only"):
         natural.native_images(out, np.array([0]))
+
+
+# --------------------------------------------------------------------------- subgroups
+def imgs(n: int = 6, size: int = 16, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (n, size, size, 3), dtype=np.uint8)
+
+
+def repo_params(**evaluation):
+    from pipeline.config import parse_params
+
+    raw = yaml.safe_load(Path("params.yaml").read_text())
+    for key, value in evaluation.items():
+        raw["evaluation"][key].update(value)
+    return parse_params(raw)
+
+
+def test_patch_shuffle_preserves_the_multiset_of_patches():
+    from pipeline.subgroups import shuffle_patches
+    from pipeline.tasks.common import image_to_cells
+
+    x = imgs()
+    y = shuffle_patches(x, 4, seed=3)
+    assert y.shape == x.shape and not np.array_equal(x, y)
+    for a, b in zip(image_to_cells(x, 4), image_to_cells(y, 4), strict=True):
+        key = lambda cells: sorted(c.tobytes() for c in cells.reshape(-1, 4, 4, 3))  # noqa: E731
+        assert key(a) == key(b)
+    np.testing.assert_array_equal(y, shuffle_patches(x, 4, seed=3))  # seeded
+    assert not np.array_equal(y, shuffle_patches(x, 4, seed=4))
+
+
+@pytest.mark.parametrize("border", ["edge", "constant", "wrap"])
+def test_translation_and_zoom(border):
+    from pipeline.subgroups import translate, zoom
+
+    x = imgs()
+    np.testing.assert_array_equal(translate(x, 0, 0, border), x)
+    np.testing.assert_array_equal(zoom(x, 1.0, border), x)
+    y = translate(x, 2, 3, border)
+    np.testing.assert_array_equal(y[:, 2:, 3:], x[:, :-2, :-3])  # content moved down 2, right 3
+    fill = {"edge": x[:, :1, :1], "constant": np.zeros_like(x[:, :1, :1]), "wrap": x[:, -2:-1, -3:-2]}[border]
+    np.testing.assert_array_equal(y[:, :1, :1], fill)
+    # zoom x2 in: the central 8 x 8 block, each pixel read at a quarter-pixel offset (bilinear, inside)
+    z = zoom(x, 2.0, border)
+    centre = x[:, 4:12, 4:12].astype(float)
+    want = np.floor(0.75 * 0.75 * centre[:, :-1, :-1] + 0.75 * 0.25 * (centre[:, 1:, :-1] + centre[:, :-1, 1:])
+                    + 0.25 * 0.25 * centre[:, 1:, 1:] + 0.5)
+    np.testing.assert_array_equal(z[:, 1:-1:2, 1:-1:2], want)  # output 2k+1 reads source 4+k+0.25
+    # zoom x0.5 out: the whole image in the central 8 x 8 (2 x 2 means), the rest is border fill
+    small = zoom(x, 0.5, border)
+    np.testing.assert_array_equal(small[:, 4:12, 4:12],
+                                  np.floor(x.reshape(6, 8, 2, 8, 2, 3).mean((2, 4)) + 0.5))
+    if border == "constant":
+        assert (small[:, :3] == 0).all()
+
+
+def test_evaluate_subgroups_shape_and_per_class_average():
+    from pipeline.subgroups import evaluate_subgroups
+
+    params = repo_params()
+    x = imgs(n=40)
+    labels = np.arange(40) % 4
+
+    def predict(batch: np.ndarray) -> np.ndarray:  # a fixed rule of the pixels: top-left pixel's red value
+        return np.eye(4)[batch[:, 0, 0, 0].astype(int) % 4]
+
+    out = evaluate_subgroups(predict, x, labels, params, class_names=["a", "b", "c", "d"])
+    p = params.geometry.patch_size
+    assert set(out) == {"alignment", "arrangement", "scale", "class"}
+    assert len(out["alignment"]) == p * p and out["alignment"]["0,0"]["consistency"] == 1.0
+    acc = out["alignment"]["0,0"]["acc"]
+    assert acc == float((predict(x).argmax(1) == labels).mean())
+    assert out["scale"]["x1"] == out["alignment"]["0,0"]  # zoom 1 is the identity
+    assert out["arrangement"]["original"]["acc"] == acc and out["arrangement"]["shuffled"]["n"] == 40
+    # translating by (dy, dx) >= 1 with edge fill keeps the top-left pixel: predictions unchanged
+    assert all(v["consistency"] == 1.0 for v in out["alignment"].values())
+    cls = out["class"]
+    assert list(cls) == ["a", "b", "c", "d"] and all(v["consistency"] is None for v in cls.values())
+    # balanced classes: the per-class accuracies average to the overall accuracy
+    assert np.isclose(np.mean([v["acc"] for v in cls.values()]), acc)
+    assert sum(v["n"] for v in cls.values()) == 40
+
+
+def test_evaluation_params_are_checked():
+    from pipeline.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="evaluation.resolution.sizes: 18 is not a multiple of geometry"):
+        repo_params(resolution={"sizes": [18]})
+    with pytest.raises(ConfigError, match="evaluation.subgroups.border"):
+        repo_params(subgroups={"border": "mirror"})
