@@ -253,3 +253,37 @@ def test_evaluation_params_are_checked():
         repo_params(resolution={"sizes": [18]})
     with pytest.raises(ConfigError, match="evaluation.subgroups.border"):
         repo_params(subgroups={"border": "mirror"})
+
+
+# --------------------------------------------------------------------------- resolution
+def test_area_resize_equals_the_data_stage_where_sizes_divide():
+    from pipeline.resolution import resize_images
+
+    x = imgs(size=32)
+    np.testing.assert_array_equal(resize_images(x, 16, "area"), natural.resize(x, 16))
+    np.testing.assert_array_equal(resize_images(x, 8, "area"), natural.resize(x, 8))
+    np.testing.assert_array_equal(resize_images(x[:, ::2, ::2], 32, "area"), natural.resize(x[:, ::2, ::2], 32))
+    for size, method in ((12, "area"), (20, "bicubic"), (24, "bilinear")):
+        y = resize_images(x, size, method)
+        assert y.shape == (6, size, size, 3) and y.dtype == np.uint8
+    np.testing.assert_array_equal(resize_images(x, 32, "bicubic"), x)
+
+
+@pytest.mark.parametrize("arch", ["vit", "swin", "resnet"])
+def test_evaluate_resolutions_matches_plain_prediction_at_the_training_size(arch):
+    import torch
+
+    from pipeline.models import build_model
+    from pipeline.resolution import evaluate_resolutions, resize_images
+    from pipeline.train import predict
+
+    params = repo_params()
+    torch.manual_seed(0)
+    model = build_model(arch, params, 10, width=8 if arch != "swin" else 4).eval()
+    native = imgs(n=20, size=32)
+    labels = np.arange(20) % 10
+    sizes = params.evaluation.resolution.sizes
+    out = evaluate_resolutions(model, arch, params, native, labels, sizes)
+    assert list(out) == sizes and all(v["n"] == 20 for v in out.values())
+    at_train = predict(model, resize_images(native, params.geometry.image_size, "area")).argmax(1)
+    assert out[params.geometry.image_size]["acc"] == float((at_train == labels).mean())
