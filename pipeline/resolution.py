@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -143,6 +144,16 @@ def _offset_bias(block: nn.Module) -> dict[tuple[int, int], torch.Tensor]:
 
 
 # --------------------------------------------------------------------------- evaluation
+def native_for(task: str, task_dir: Path, index: np.ndarray, images: np.ndarray) -> np.ndarray:
+    """The images a resolution sweep starts from: CIFAR-10's stored 32 px eval rows (``index``: pool rows)
+    for ``natural``; for a synthetic task its own ``images`` (generated at ``geometry.image_size``)."""
+    if task != "natural":
+        return images
+    from pipeline.tasks.natural import native_images
+
+    return native_images(task_dir, index)
+
+
 def resize_images(images: np.ndarray, size: int, method: str) -> np.ndarray:
     """uint8 (N, S, S, C) -> (N, size, size, C); ``area``: adaptive average pool, rounded half up."""
     if images.shape[1] == size:

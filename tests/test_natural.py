@@ -164,6 +164,11 @@ def test_stage_stores_native_eval_images(tmp_path):
     np.testing.assert_array_equal(natural.resize(natural.native_images(out, index), 16), images[index])
     with pytest.raises(StageError, match="eval rows only"):
         natural.native_images(out, np.array([0]))
+    from pipeline.resolution import native_for
+
+    np.testing.assert_array_equal(native_for("natural", out, index[:5], images[index[:5]]), test[:5])
+    own = images[index[:5]]
+    assert native_for("scale", out, index[:5], own) is own  # a synthetic task starts from its own images
 
 
 # --------------------------------------------------------------------------- subgroups
