@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipeline.archs import ARCHS
 from pipeline.errors import ConfigError
@@ -355,11 +355,21 @@ class ArrangementParams(SyntheticParams):
 
 
 class NaturalParams(Section):
-    """CIFAR-10 from an archive outside the repository (never committed)."""
+    """CIFAR-10 from an archive outside the repository (never committed), downloaded when none is found."""
 
-    path: str = "../shared/data/cifar10_jpg.tar.gz"  # relative to the repository root; jpg tarball or python
+    # Candidate archives, tried in order, relative to the repository root (jpg tarball or python archive);
+    # when none exists the official archive is downloaded to the last one. A single string is one candidate.
+    path: Annotated[list[str], Field(min_length=1)] = ["../shared/data/cifar10_jpg.tar.gz",
+                                                       "data/raw/cifar-10-python.tar.gz"]
+    url: str = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"  # the official archive
+    md5: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")] = "c58f30108f718f92721af3b95e74349a"  # published
     per_class_train: Annotated[int, Field(ge=1, le=5000)] = 1000  # first k per class of the official train
     per_class_test: Annotated[int, Field(ge=1, le=1000)] = 300  # ... and of the official test split
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _one_path(cls, value: object) -> object:
+        return [value] if isinstance(value, str) else value
 
     @property
     def n(self) -> int:
@@ -398,6 +408,29 @@ class Slicing(Section):
         return self
 
 
+# --------------------------------------------------------------------------- evaluation (natural images)
+class SubgroupParams(Section):
+    """Pre-specified subgroups of the natural test set (pipeline/subgroups.py); no defaults: params.yaml."""
+
+    border: Literal["edge", "constant", "wrap"]  # fill of pixels a translation or zoom brings in
+    shuffle_seed: NonNegInt  # the per-image patch permutations of the arrangement subgroup
+    zoom: Annotated[list[PosFloat], Field(min_length=1)]  # scale subgroup: < 1 zooms out, > 1 in
+
+
+class ResolutionParams(Section):
+    """Evaluate trained models at other image sizes, same patch size (pipeline/resolution.py)."""
+
+    tasks: list[TaskName]  # tasks whose runs are also evaluated at ``sizes``
+    sizes: Annotated[list[PosInt], Field(min_length=1)]  # image sizes (px); the token grid changes
+    interpolation: Literal["bicubic", "bilinear"]  # learned absolute position embeddings (timm resample)
+    image_resize: Literal["area", "bilinear", "bicubic"]  # native test images -> each size
+
+
+class Evaluation(Section):
+    subgroups: SubgroupParams
+    resolution: ResolutionParams
+
+
 # --------------------------------------------------------------------------- root
 class Params(Section):
     seed: NonNegInt = 0
@@ -410,6 +443,26 @@ class Params(Section):
     report: Report = Report()
     tasks: Tasks = Field(default_factory=Tasks)
     slice: Slicing = Slicing()
+    # No default section: None only until the lead drops schema defaults (then params.yaml must hold it).
+    evaluation: Evaluation | None = None
+
+    @model_validator(mode="after")
+    def _resolution_sizes(self) -> Params:
+        """Every evaluated size must keep whole patches for the ViTs and whole merges for Swin."""
+        if self.evaluation is None:
+            return self
+        r, s = self.evaluation.resolution, self.models.swin
+        if missing := [t for t in r.tasks if t not in self.tasks.names]:
+            raise ValueError(f"evaluation.resolution.tasks: {missing} not in tasks.names {self.tasks.names}")
+        step = s.patch_size * 2 ** (len(s.depths) - 1)
+        for size in r.sizes:
+            if size % self.geometry.patch_size:
+                raise ValueError(f"evaluation.resolution.sizes: {size} is not a multiple of geometry.patch_size "
+                                 f"{self.geometry.patch_size}")
+            if size % step:
+                raise ValueError(f"evaluation.resolution.sizes: {size} is not a multiple of {step} (Swin patch "
+                                 f"{s.patch_size} and {len(s.depths) - 1} patch mergings)")
+        return self
 
     @model_validator(mode="after")
     def _interface_cross(self) -> Params:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -202,6 +203,85 @@ TINY = {  # geometry stays at its default (16 px, 4-px patches): other sections 
                         "mlp_ratio": 1.0},
                "resnet": {"layers": [1, 1]}},  # timm divides by (blocks - 1): one block crashes
 }
+
+
+TINY["evaluation"] = {"subgroups": {"border": "edge", "shuffle_seed": 0, "zoom": [1.0]},
+                      "resolution": {"tasks": [], "sizes": [8, 12, 20], "interpolation": "bicubic",
+                                     "image_resize": "area"}}
+
+
+# --------------------------------------------------------------------------- position contract
+def _built(params) -> dict[str, torch.nn.Module]:
+    from pipeline.models import ARCHS, build_model
+
+    out = {}
+    for arch in ARCHS:
+        torch.manual_seed(0)
+        out[arch] = build_model(arch, params, 10).eval()
+    return out
+
+
+def test_position_contract_exact_at_training_size_and_shapes_elsewhere():
+    from pipeline.interface.study import position_study
+    from pipeline.resolution import POSITION_CONTRACT
+
+    params = parse_params(TINY)
+    res = position_study(params, _built(params))
+    table = res.tables["position_contract"].set_index("arch")
+    assert table.family.to_dict() == {"vit": "learned", "vit_nopos": "none", "vit_sincos": "sincos",
+                                      "deit": "learned", "swin": "swin", "swin_noshift": "swin", "resnet": "conv"}
+    assert set(table.contract) <= set(POSITION_CONTRACT.values())
+    failed = [c for c in res.checks if not c.held]
+    assert not failed, failed
+    names = [c.name for c in res.checks]
+    assert sum("training size" in n for n in names) == 7  # one exact-equality check per architecture
+    assert sum("at 20 px: logits per image" in n for n in names) == 7
+    assert any("swin at 12 px: every offset keeps its trained bias" in n for n in names)
+
+
+def test_swin_window_fixed_crops_and_timm_interpolation_would_not_hold():
+    from pipeline.resolution import at_resolution, bias_defect
+
+    params = parse_params(TINY)
+    torch.manual_seed(0)
+    swin = _built(params)["swin"]
+    with torch.no_grad():  # random biases, so a changed offset shows
+        for m in swin.modules():
+            if hasattr(m, "relative_position_bias_table"):
+                m.relative_position_bias_table.normal_()
+    small = at_resolution(swin, "swin", params, 6)  # grid 3 < window 4: one 3 x 3 window, table cropped
+    block = small.layers[0].blocks[1]
+    assert tuple(block.window_size) == (3, 3) and tuple(block.shift_size) == (0, 0)
+    assert bias_defect(swin, small) == 0
+    plain = copy.deepcopy(swin)
+    plain.set_input_size(img_size=(6, 6), window_size=4)  # timm alone resamples the table (BEiT-style)
+    assert bias_defect(swin, plain) > 0
+    big = at_resolution(swin, "swin", params, 20)  # grid 10: window 4, shift 2, padded by timm
+    assert [tuple(b.window_size) for b in big.layers[0].blocks] == [(4, 4), (4, 4)]
+    assert tuple(big.layers[0].blocks[1].shift_size) == (2, 2) and bias_defect(swin, big) == 0
+
+
+def test_learned_table_resampled_with_the_named_interpolation_sincos_recomputed():
+    from timm.layers import build_sincos2d_pos_embed, resample_abs_pos_embed
+
+    from pipeline.resolution import at_resolution
+
+    params = parse_params(TINY)
+    models = _built(params)
+    vit, sincos = models["vit"], models["vit_sincos"]
+    mapped = at_resolution(vit, "vit", params, 24)
+    want = resample_abs_pos_embed(vit.pos_embed.data, [6, 6], [4, 4], num_prefix_tokens=0,
+                                  interpolation="bicubic", antialias=True)
+    assert torch.equal(mapped.pos_embed.data, want) and isinstance(mapped.pos_embed, torch.nn.Parameter)
+    assert vit.pos_embed.shape[1] == 16  # the original is untouched
+    bilinear = parse_params({**TINY, "evaluation": {**TINY["evaluation"], "resolution": {
+        **TINY["evaluation"]["resolution"], "interpolation": "bilinear"}}})
+    assert not torch.equal(at_resolution(vit, "vit", bilinear, 24).pos_embed.data, want)
+    s = at_resolution(sincos, "vit_sincos", params, 24)
+    assert torch.equal(s.pos_embed[0], build_sincos2d_pos_embed([6, 6], dim=sincos.embed_dim))
+    assert "pos_embed" in dict(s.named_buffers())  # still fixed: not a parameter
+    with pytest.raises(ConfigError, match="evaluation.resolution.sizes: 10 px"):
+        at_resolution(vit, "vit", params, 10)
 
 
 @pytest.fixture

@@ -215,4 +215,23 @@ def markdown(tables: dict[str, pd.DataFrame], checks: list[Check], key: dict[str
         _md(layers, ".2e"),
         "",
     ]
+    if "position_contract" in tables:
+        out += _position_section(tables["position_contract"], [c for c in checks if c.family == "position"])
     return "\n".join(out)
+
+
+def _position_section(contract: pd.DataFrame, checks: list[Check]) -> list[str]:
+    """The resolution contract (pipeline/resolution.py POSITION_CONTRACT) and its checks."""
+    held = sum(c.held for c in checks)
+    return [
+        "## Position contract (resolution change at a fixed patch size)",
+        "",
+        "How each architecture's position signal is mapped when the image size, hence the token grid, changes "
+        "(`pipeline/resolution.py`, `POSITION_CONTRACT`; the family is read off the module). Checked on the "
+        f"configured architectures at the training size and at every `evaluation.resolution.sizes`: {held} of "
+        f"{len(checks)} held (mapped logits equal the original's exactly at the training size; logit shapes, "
+        "position-table rows and Swin's per-offset bias at the other sizes).",
+        "",
+        _md(contract),
+        "",
+    ]

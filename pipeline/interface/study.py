@@ -246,11 +246,53 @@ def reachability_study(params: Params, models: dict[str, torch.nn.Module]) -> Re
     return res
 
 
+# --------------------------------------------------------------------------- position contract
+def position_study(params: Params, models: dict[str, torch.nn.Module]) -> Results:
+    """The resolution contract (pipeline/resolution.py) on every configured architecture.
+
+    At the training size the mapped copy must give the original's logits exactly; at every evaluated size
+    the logits must have shape (B, K), a learned/sin-cos table one row per token of the new grid, and a
+    Swin block every relative offset's trained bias (window fixed, never interpolated).
+    """
+    from pipeline import resolution
+
+    res = Results()
+    if params.evaluation is None:
+        return res
+    g, rows = params.geometry, []
+    gen = torch.Generator().manual_seed(params.seed)
+    for arch, model in models.items():
+        model = model.eval()
+        fam = resolution.family_of(model)
+        rows.append({"arch": arch, "family": fam, "contract": resolution.POSITION_CONTRACT[fam]})
+        for size in dict.fromkeys([g.image_size, *params.evaluation.resolution.sizes]):
+            mapped = resolution.at_resolution(model, arch, params, size).eval()
+            x = torch.rand(2, g.channels, size, size, generator=gen)
+            with torch.no_grad():
+                out = mapped(x)
+                if size == g.image_size:
+                    diff = (out - model(x)).abs().max().item()
+                    res.checks.append(equal("position", f"{arch} at the training size {size} px: mapped logits "
+                                            "== original (max |diff|)", 0, diff))
+            res.checks.append(equal("position", f"{arch} at {size} px: logits per image", HEAD_CLASSES,
+                                    out.shape[-1] if out.shape[0] == 2 else -1))
+            if fam in ("learned", "sincos"):
+                prefix = 0 if mapped.no_embed_class else mapped.num_prefix_tokens
+                res.checks.append(equal("position", f"{arch} at {size} px: position rows == tokens",
+                                        (size // mapped.patch_embed.patch_size[0]) ** 2 + prefix,
+                                        mapped.pos_embed.shape[1]))
+            if fam == "swin":
+                res.checks.append(equal("position", f"{arch} at {size} px: every offset keeps its trained bias "
+                                        "(max |diff|)", 0, resolution.bias_defect(model, mapped)))
+    res.tables["position_contract"] = pd.DataFrame(rows)
+    return res
+
+
 def run_all(params: Params, models: dict[str, torch.nn.Module]) -> Results:
     """Every family of checks; ``models`` are the configured architectures for reachability."""
     res = Results()
     for part in (nullspace_study(params), permutation_study(params), pairs_study(params),
-                 reachability_study(params, models)):
+                 reachability_study(params, models), position_study(params, models)):
         res.add(part)
     return res
 

@@ -22,7 +22,7 @@ from pipeline.errors import ConfigError
 from pipeline.io import save_figure, sha256_bytes, sha256_file, write_json
 from pipeline.stages.common import stage_main
 from pipeline.tasks import TASKS
-from pipeline.tasks.natural import resolve_path
+from pipeline.tasks.natural import candidate_paths, resolve_path
 from pipeline.tasks.preview import sample_grid
 
 
@@ -71,11 +71,14 @@ def main(argv: list[str] | None = None) -> None:
     }
     if isinstance(cfg, NaturalParams):
         archive = resolve_path(cfg)
-        meta["archive"] = {"path": cfg.path, "sha256": sha256_file(archive)}
+        chosen = cfg.path[candidate_paths(cfg).index(archive)]  # as configured: the same on every machine
+        meta["archive"] = {"path": chosen, "sha256": sha256_file(archive)}
     with atomic_dir(args.out) as tmp:
         np.save(tmp / "images.npy", data.images)
         np.save(tmp / "labels.npy", data.labels)
         data.factors.to_csv(tmp / "factors.csv", index=False)
+        for name, array in getattr(data, "extra_arrays", {}).items():  # e.g. natural: native 32 px eval rows
+            np.save(tmp / f"{name}.npy", array)
         write_json(tmp / "meta.json", meta)
     if args.samples:
         title = f"{args.task}: {len(data.labels)} samples at {geo.image_size} px, patch grid {geo.patch_size} px"

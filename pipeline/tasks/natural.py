@@ -1,5 +1,10 @@
 """``natural``: CIFAR-10 (Krizhevsky 2009), read straight from its archive, resized to the study's geometry.
 
+``tasks.natural.path`` lists candidate archives, tried in order; when none exists the official
+``cifar-10-python.tar.gz`` is downloaded from ``tasks.natural.url`` (torchvision's downloader) to the
+last candidate and checked against ``tasks.natural.md5`` (offline or a mismatch: one error line, nothing
+written).
+
 Two archive formats are accepted (detected from the member names, no unpacking):
 - a JPEG tarball ``train/<class>/NNNN.jpg``, ``test/<class>/NNNN.jpg`` (the shared ``cifar10_jpg.tar.gz``);
 - the official python archive ``cifar-10-batches-py/data_batch_1..5``, ``test_batch`` (pickled dicts,
@@ -15,10 +20,12 @@ meta.json exposes any decoder difference between machines.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import pickle
 import re
 import tarfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -31,17 +38,70 @@ from pipeline.tasks.common import ROLE_EVAL, ROLE_FIT, TaskData
 CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 SLICE_FACTORS = ["class"]
 SOURCE = 32  # CIFAR images are 32 x 32 RGB
+NATIVE = "native_eval"  # data-stage file stem of the eval rows at SOURCE px (resolution evaluation)
 
 _JPG = re.compile(r"(?:^|/)(train|test)/([a-z]+)/(\d+)\.jpe?g$")
 _BATCH = re.compile(r"(?:^|/)(data_batch_[1-5]|test_batch)$")
 
 
-def resolve_path(cfg: NaturalParams) -> Path:
-    """``tasks.natural.path``, relative to the repository root (also inside DVC's experiment copies)."""
+def candidate_paths(cfg: NaturalParams) -> list[Path]:
+    """``tasks.natural.path``: candidate archives in the order tried, relative to the repository root (also
+    inside DVC's experiment copies)."""
     from pipeline.tracking import repo_root
 
-    path = Path(cfg.path)
-    return path if path.is_absolute() else repo_root() / path
+    return [p if p.is_absolute() else repo_root() / p for p in map(Path, cfg.path)]
+
+
+def resolve_path(cfg: NaturalParams) -> Path:
+    """The first candidate that exists; none: the official archive is downloaded to the last candidate."""
+    paths = candidate_paths(cfg)
+    for path in paths:
+        if path.is_file():
+            return path
+    try:
+        return download_archive(cfg.url, cfg.md5, paths[-1])
+    except StageError as err:
+        raise StageError(f"tasks.natural.path: no archive at {', '.join(map(str, paths))}; {err}") from None
+
+
+def download_archive(url: str, md5: str, dest: Path) -> Path:
+    """Fetch ``url`` with torchvision's downloader into ``dest`` and check its md5; all or nothing.
+
+    The file is downloaded into a temporary folder beside ``dest`` and moved in only once its checksum
+    matched, so an offline machine, a truncated transfer or a wrong archive leaves nothing behind (not even
+    the folders created for it). Raises :class:`StageError` naming ``tasks.natural.url`` and what to do.
+    """
+    import shutil
+    import tempfile
+    import urllib.error
+    import urllib.request
+
+    from torchvision.datasets.utils import check_integrity, download_url
+
+    made = [p for p in (dest.parent, *dest.parent.parents) if not p.exists()]
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        if url.startswith("file:"):  # a local mirror: torchvision's downloader reads HTTP(S) only
+            urllib.request.urlretrieve(url, tmp / dest.name)
+            if not check_integrity(str(tmp / dest.name), md5):
+                raise RuntimeError("checksum mismatch")
+        else:  # its tqdm bar goes to a buffer: a failure must stay one line on stderr
+            with contextlib.redirect_stderr(io.StringIO()):
+                download_url(url, str(tmp), filename=dest.name, md5=md5)  # RuntimeError on a bad md5
+        (tmp / dest.name).replace(dest)
+    except (urllib.error.URLError, OSError, RuntimeError, ValueError) as err:
+        reason = "checksum mismatch" if isinstance(err, RuntimeError) else f"{type(err).__name__}: {err}"
+        raise StageError(
+            f"tasks.natural.url: could not fetch {url} into {dest} ({reason}); download it by hand "
+            f"(md5 {md5}) to {dest}, or list an existing copy in tasks.natural.path") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        for folder in made:  # innermost first: only the folders this call created, and only if empty
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+    print(f"tasks.natural: downloaded {url} -> {dest} (md5 {md5} verified)")
+    return dest
 
 
 def read_cifar10(path: Path, per_class_train: int, per_class_test: int) -> tuple[np.ndarray, pd.DataFrame]:
@@ -126,14 +186,36 @@ def resize(images: np.ndarray, size: int) -> np.ndarray:
     raise ValueError(f"geometry.image_size: {size} is neither a divisor nor a multiple of {s}")
 
 
-def generate(n: int, seed: int, geometry: Geometry, cfg: NaturalParams) -> TaskData:
+@dataclass(frozen=True)
+class NaturalData(TaskData):
+    """A CIFAR-10 pool plus its eval rows at the native 32 px, for the resolution evaluation.
+
+    extra_arrays: ``native_eval`` uint8 (M, 32, 32, 3) and ``native_eval_index`` int64 (M,), the pool rows
+    they belong to (increasing); the data stage saves each as ``<name>.npy`` beside ``images.npy``.
+    """
+
+    extra_arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def native_images(folder: Path, index: np.ndarray) -> np.ndarray:
+    """The native 32 px images of pool rows ``index`` (eval rows only) from a data folder ``data/tasks/natural``."""
+    have = np.load(folder / f"{NATIVE}_index.npy")
+    pos = np.searchsorted(have, index)
+    if (pos >= len(have)).any() or (have[np.minimum(pos, len(have) - 1)] != index).any():
+        raise StageError(f"{folder}: native images are stored for eval rows only; asked for other rows")
+    return np.load(folder / f"{NATIVE}.npy", mmap_mode="r")[pos]
+
+
+def generate(n: int, seed: int, geometry: Geometry, cfg: NaturalParams) -> NaturalData:
     """The kept CIFAR-10 images at ``geometry.image_size``. ``n`` and ``seed`` do not choose images (the
     pool is fixed by ``per_class_train``/``per_class_test`` in archive order); the signature is shared."""
     images, table = read_cifar10(resolve_path(cfg), cfg.per_class_train, cfg.per_class_test)
+    evals = np.flatnonzero(table["split"].to_numpy() != "train")
     factors = pd.DataFrame({
         "split": table["split"], "class": table["class"], "index": table["index"],
         "id": True,
         "role": np.where(table["split"] == "train", ROLE_FIT, ROLE_EVAL),
     })
     labels = table["label"].to_numpy(dtype=np.int64)
-    return TaskData(resize(images, geometry.image_size), labels, factors, list(CLASSES))
+    native = {NATIVE: images[evals], f"{NATIVE}_index": evals.astype(np.int64)}
+    return NaturalData(resize(images, geometry.image_size), labels, factors, list(CLASSES), native)
