@@ -86,6 +86,8 @@ def test_holm_textbook_example():
     (0.05, 0.15, 0.2, "+", "underpowered"),  # excluded 0 alone, not after Holm
     (-0.01, 0.01, 0.9, "0", "held"),
     (0.05, 0.15, 0.001, "0", "failed"),
+    (-0.2, 0.01, 0.01, "<=", "held"),  # at or below the floor
+    (0.05, 0.15, 0.001, "<=", "failed"),  # clearly above it
 ])
 def test_verdicts(lo, hi, p, expect, verdict):
     assert stats.verdict(lo, hi, p, expect, margin=0.02, alpha=0.05) == verdict

@@ -121,12 +121,17 @@ def seeds_needed(n: int, lo: float, hi: float, estimate: float, margin: float) -
 
 
 def verdict(lo: float, hi: float, p_holm: float, expect: str, margin: float, alpha: float) -> str:
-    """held / failed / equivalent / underpowered for a difference predicted to be ``expect`` ("+" or "0").
+    """held / failed / equivalent / underpowered for a difference predicted to be ``expect`` ("+", "0", "<=").
 
     "+": held when Holm-significant and above 0, failed when significant below 0, equivalent when the
     interval lies within +-margin (a tight null: no effect), else underpowered.
-    "0" (no effect predicted): held when equivalent, failed when significant and outside the margin."""
+    "0" (no effect predicted): held when equivalent, failed when significant and outside the margin.
+    "<=" (at most the reference): held when the CI ends below +margin, failed when it starts above it."""
     sig = p_holm < alpha
+    if expect == "<=":  # at most a reference (a shortcut floor): held while the CI stays below it + margin
+        if hi <= margin:
+            return "held"
+        return "failed" if sig and lo > margin else "underpowered"
     if expect == "0":
         if equivalent(lo, hi, margin):
             return "held"
