@@ -413,7 +413,7 @@ class Params(Section):
     train: Train = Train()
     distill: Distill = Distill()
     tracking: Tracking = Tracking()
-    report: Report = Report()
+    report: Report
     tasks: Tasks = Field(default_factory=Tasks)
     slice: Slicing = Slicing()
 

@@ -21,6 +21,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from pipeline.report import aggregate as agg
 from pipeline.report import cells, stats
 
 # a - b on `subset` of each task; expect "+" (a beats b) or "0" (no effect); `finding` groups rows for the README.
@@ -99,6 +100,33 @@ def plan(params) -> list[dict]:
     return rows
 
 
+def budget_rows(runs: pd.DataFrame, config: dict) -> list[dict]:
+    """The budget axis: every (task, arch) trained at more steps than the main grid (same size, mode and data)
+    gives a row "longer training - main budget" on the same items and seeds ("cannot" vs "not yet")."""
+    if not config:
+        return []
+    same = runs[(runs.source == "runs") & (runs.data_seed == 0) & (runs.train_size == config["train_size"])
+                & (runs.budget_mode == config["budget_mode"])]
+    rows = []
+    for (task, arch), g in same.groupby(["task", "arch"], sort=True):
+        for steps in sorted(s for s in g.steps.unique() if s != config["steps"]):
+            rows.append({"id": f"budget.{arch}.{task}.{int(steps)}", "finding": "budget", "a": arch, "b": arch,
+                         "a_steps": steps, "task": task, "subset": "test", "kind": "paired", "expect": "+",
+                         "isolates": f"training length: {int(steps)} vs {int(config['steps'])} steps"})
+    return rows
+
+
+def budget_context(reach: pd.DataFrame, row: dict, config: dict) -> str:
+    """"<steps> steps: step N (k of n seeds)" or "not reached", for both arms of a budget row."""
+    parts = []
+    for steps in (config["steps"], row["a_steps"]):
+        sub = reach[(reach.task == row["task"]) & (reach.arch == row["a"]) & (reach.steps == steps)
+                    & (reach.data_seed == 0) & (reach.train_size == config["train_size"])]
+        if len(sub):
+            parts.append(f"{int(steps)} steps: {sub.reached.iloc[0]}")
+    return "; ".join(parts)
+
+
 def floor_of(floors: dict, task: str, exclude: tuple[str, ...] = ()) -> tuple[float, str]:
     """(floor accuracy, baseline name) of a task, leaving out the ``exclude`` baselines; NaN when absent."""
     base = {k: v for k, v in (floors.get(task) or {}).get("baselines", {}).items() if k not in exclude}
@@ -117,7 +145,7 @@ def _empty(row: dict) -> dict:
 def measure(row: dict, runs: pd.DataFrame, items: cells.Items, config: dict, floors: dict, rp, seed: int) -> dict:
     """The measured side of one planned row (before Holm and the verdict)."""
     subset = items.subset(row["task"], row["subset"])
-    a_rows = cells.select(runs, row["task"], row["a"], config)
+    a_rows = cells.select(runs, row["task"], row["a"], {**config, "steps": row.get("a_steps", config.get("steps"))})
     floor, floor_name = floor_of(floors, row["task"], row.get("exclude", ()))
     out = {**_empty(row), "floor": floor, "floor_baseline": floor_name}
     if row["kind"] == "paired":
@@ -184,9 +212,12 @@ def judge(params, runs: pd.DataFrame, items: cells.Items, floors: dict, disagree
     """The ledger: one row per planned prediction with its measurement, Holm p-value and verdict."""
     rp, config = params.report, cells.main_config(runs)
     rows = []
-    for row in plan(params):
+    reach = agg.steps_to_reach(runs, rp.escape_threshold, cells.CELL)
+    for row in plan(params) + budget_rows(runs, config):
         m = measure(row, runs, items, config, floors, rp, seed)
         ctx = ""
+        if row["finding"] == "budget":
+            ctx = budget_context(reach, row, config)
         if row["id"].startswith("distill.teacher"):
             rates = {t: r for (t, task), r in disagreement.items() if task == row["task"]}
             ctx = ", ".join(f"{t} teacher disagrees with labels on {r:.1%}" for t, r in sorted(rates.items()))
