@@ -140,6 +140,10 @@ def test_cells_flag_bimodal_and_count_escapes(tmp_path, params_path):
     for name in ("accuracy", "alignment_offset", "scale_size", "relation_distance", "relation_window", "data_size",
                  "learning_curves"):
         assert (out / "figures" / f"{name}.png").stat().st_size > 0
+    plot = pd.read_csv(out / "tables" / "plot_alignment_offset.csv")  # fixed columns for dvc plots
+    assert plot.columns[0] == "x" and set(plot.columns[1:]) == {"vit", "vit_nopos", "vit_sincos", "swin",
+                                                                "swin_noshift", "resnet"}
+    assert plot.vit_nopos.isna().all() and plot.resnet.notna().all()
     steps = pd.read_csv(out / "tables" / "steps_to_reach.csv").set_index(["task", "arch"])
     assert steps.loc[("alignment", "resnet"), "reached"].startswith("step 1000")
     assert steps.loc[("relation", "swin"), "reached"] == "not reached"

@@ -35,7 +35,8 @@ def colour(arch: str) -> tuple:
     """A fixed colour per architecture (tab20 by the order of :func:`arch_order`; unknown names after it)."""
     order = arch_order()
     i = order.index(arch) if arch in order else len(order) + sum(map(ord, arch))
-    return plt.get_cmap("tab20")(i % 20)
+    i %= 20
+    return plt.get_cmap("tab20")(2 * (i % 10) + i // 10)  # the ten dark colours first, then their light pairs
 
 
 def _legend(fig, archs, extra: tuple = ()) -> None:
@@ -198,17 +199,17 @@ def size_figure(curve: pd.DataFrame):
 
 
 def learning_figure(hist: pd.DataFrame):
-    """Per task: train/loss and val/acc vs optimizer step, seed mean per architecture (measurement)."""
+    """One row per task: train/loss and val/acc vs optimizer step, seed mean per architecture (measurement).
+    Tall rather than wide, so a plot viewer that fits the width (DVC's) shows it whole."""
     tasks = sorted(hist.task.unique()) if not hist.empty else []
-    fig, axes = plt.subplots(2, max(1, len(tasks)), figsize=(3.6 * max(1, len(tasks)) + 1.5, 5.6), squeeze=False,
+    fig, axes = plt.subplots(max(1, len(tasks)), 2, figsize=(9, 2.4 * max(1, len(tasks)) + 0.6), squeeze=False,
                              layout="constrained")
     if not tasks:
         _empty(axes[0, 0], "learning curves")
-        axes[1, 0].set_axis_off()
+        axes[0, 1].set_axis_off()
         return fig
-    for j, task in enumerate(tasks):
-        for i, (metric, label) in enumerate((("train/loss", "training loss (per step)"),
-                                             ("val/acc", "validation accuracy"))):
+    for i, task in enumerate(tasks):
+        for j, (metric, label) in enumerate((("train/loss", "training loss"), ("val/acc", "validation accuracy"))):
             ax = axes[i, j]
             sub = hist[(hist.task == task) & (hist.metric == metric)]
             for arch in _sorted_archs(sub) if len(sub) else []:
@@ -216,8 +217,9 @@ def learning_figure(hist: pd.DataFrame):
                 if metric == "train/loss" and len(m) > 20:  # per-step loss is noisy: a rolling mean of 10 logs
                     m = m.rolling(10, min_periods=1).mean()
                 ax.plot(m.index, m.values, lw=1, color=colour(arch))
-            ax.set(title=task, xlabel="optimizer step", ylabel=label)
-            if i == 1:
+            ax.set_title(f"{task}: {label}", fontsize=8)
+            ax.set(xlabel="optimizer step" if i == len(tasks) - 1 else None)
+            if j == 1:
                 ax.set_ylim(-0.02, 1.02)
     _legend(fig, _sorted_archs(hist))
     return fig

@@ -174,9 +174,31 @@ def figure_list(inp: Inputs, out: Path, frames: dict) -> dict[str, tuple[str, st
          "across windows (hatched), plain and shifted partition; dotted: shortcut floor.")
     save("data_size", fig.size_figure(frames["size"]), "Accuracy vs training-set size",
          "Measurement: the data-size curve runs, mean with hierarchical-bootstrap CI per training-set size.")
+    plot_tables(inp, out, {"alignment_offset": dx_curve(cells.offset_grid(inp.runs, inp.items, config), (lo, hi)),
+                           "scale_size": size, "relation_distance": dist}, frames["size"])
     save("learning_curves", fig.learning_figure(sources.learning_histories(inp.runs[inp.runs.source == "runs"])),
          "Learning curves", "Measurement: training loss and validation accuracy per optimizer step, seed mean.")
     return made
+
+
+def dx_curve(grid: pd.DataFrame, train_range: tuple[int, int]) -> pd.DataFrame:
+    """Accuracy per dx over the rows whose dy lies in the training range (dy unseen offsets are not pooled in)."""
+    lo, hi = train_range
+    sub = grid[(grid.dy >= lo) & (grid.dy <= hi)]
+    return sub.groupby(["arch", "dx"], as_index=False)["acc"].mean().rename(columns={"dx": "x", "acc": "mean"})
+
+
+def plot_tables(inp: Inputs, out: Path, curves: dict[str, pd.DataFrame], size_tab: pd.DataFrame) -> None:
+    """The wide CSVs behind dvc.yaml's `plots:` (one column per configured architecture, empty if not run)."""
+    archs = list(ledger.configured_cells(inp.params))
+    for name, curve in curves.items():
+        io.write_with(out / "tables" / f"plot_{name}.csv",
+                      lambda f, c=curve: agg.wide(c, "x", archs).to_csv(f, index=False, float_format="%.6g"))
+    ds = size_tab.assign(x=size_tab.train_size, arch=size_tab.task + "/" + size_tab.arch)
+    curve = getattr(inp.params.train, "curve", None)
+    cols = [f"{t}/{a}" for t in curve.tasks for a in curve.archs] if curve is not None else sorted(set(ds.arch))
+    io.write_with(out / "tables" / "plot_data_size.csv",
+                  lambda f: agg.wide(ds, "x", cols).to_csv(f, index=False, float_format="%.6g"))
 
 
 def summary(frames: dict, floors: dict) -> dict:
