@@ -110,14 +110,6 @@ def read_json(path: Path | None) -> dict | None:
     return json.loads(path.read_text())
 
 
-def read_widths(budget_dir: Path | None) -> dict[str, int] | None:
-    """arch -> solved width from the budget stage's architectures.csv (None when absent)."""
-    if budget_dir is None or not (budget_dir / "architectures.csv").exists():
-        return None
-    table = pd.read_csv(budget_dir / "architectures.csv")
-    return {str(a): int(w) for a, w in zip(table.arch, table.width, strict=True)}
-
-
 def learning_histories(runs: pd.DataFrame, keys: tuple[str, ...] = ("train/loss", "val/acc")) -> pd.DataFrame:
     """Long frame (source, task, arch, seed, train_size, metric, step, value) from the ``curve`` that every
     run's metrics.json carries (one row per validation; kept across a resume by the History callback)."""

@@ -20,7 +20,7 @@ from pipeline.stages.common import stage_main
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--params", default="params.yaml")
-    for name in ("runs", "curve", "teachers", "interface", "budget", "tasks", "slices", "shortcuts"):
+    for name in ("runs", "curve", "teachers", "interface", "tasks", "slices", "shortcuts"):
         ap.add_argument(f"--{name}", type=Path, default=None)
     ap.add_argument("--out", type=Path, required=True, help="reports directory (README.md, tables/, figures/)")
     return ap.parse_args(argv)
