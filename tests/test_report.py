@@ -210,3 +210,11 @@ def test_floor_flags_and_markdown_one_way():
 def test_nothing_to_report_is_one_line_error(tmp_path, params_path):
     assert report_stage.main(["--params", str(params_path), "--runs", str(tmp_path / "none"),
                               "--out", str(tmp_path / "r")]) == 2
+
+
+def test_teacher_disagreement_read_from_provenance(tmp_path):
+    folder = tmp_path / "teachers" / "resnet" / "alignment"
+    folder.mkdir(parents=True)
+    (folder / "provenance.json").write_text(json.dumps({"transfer": {"label_disagreement": 0.125}, "seed": 0}))
+    assert sources.teacher_disagreement(tmp_path / "teachers") == {("resnet", "alignment"): 0.125}
+    assert sources.teacher_disagreement(tmp_path / "absent") == {}

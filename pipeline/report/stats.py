@@ -41,8 +41,9 @@ def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
 
 
 def _weights(rng: np.random.Generator, n: int, reps: int) -> np.ndarray:
-    """(reps, n) resampling weights: multinomial counts / n (a with-replacement draw of n out of n)."""
-    return rng.multinomial(n, np.full(n, 1.0 / n), size=reps) / n
+    """(reps, n) resampling weights: counts of a with-replacement draw of n out of n, divided by n."""
+    draws = rng.integers(0, n, size=(reps, n)) + n * np.arange(reps)[:, None]  # row r counts into bins r*n..
+    return np.bincount(draws.ravel(), minlength=reps * n).reshape(reps, n) / n
 
 
 def bootstrap_means(matrix: np.ndarray, reps: int, seed: int) -> np.ndarray:
@@ -55,7 +56,7 @@ def bootstrap_means(matrix: np.ndarray, reps: int, seed: int) -> np.ndarray:
     seed_w = _weights(rng, m.shape[0], reps)  # (reps, S)
     item_w = _weights(rng, m.shape[1], reps)  # (reps, N)
     # a weighted mean lies within the values' range; the clip only removes float rounding (1 + 1e-16)
-    return np.clip(np.einsum("rs,sn,rn->r", seed_w, m, item_w), m.min(), m.max())
+    return np.clip(((seed_w @ m) * item_w).sum(axis=1), m.min(), m.max())
 
 
 def _summary(estimate: float, boots: np.ndarray, level: float) -> dict[str, float]:
