@@ -35,9 +35,9 @@ def _pool(root: Path, task: str) -> np.ndarray:
 
 
 def _run(root: Path, task: str, arch: str, seed: int, correct: np.ndarray, labels: np.ndarray, steps: int = 1000,
-         logits: np.ndarray | None = None) -> None:
+         logits: np.ndarray | None = None, train_size: int = 40) -> None:
     """One run folder: predictions right exactly on ``correct`` (bool over TEST), metrics.json to match."""
-    folder = root / "runs" / arch / task / "n40" / f"s{seed}" / f"t{steps}"
+    folder = root / "runs" / arch / task / f"n{train_size}" / f"s{seed}" / f"t{steps}"
     folder.mkdir(parents=True, exist_ok=True)
     pred = np.where(correct, labels[TEST], 1 - labels[TEST])
     if logits is None:
@@ -45,7 +45,7 @@ def _run(root: Path, task: str, arch: str, seed: int, correct: np.ndarray, label
     acc = float((logits.argmax(-1) == labels[TEST]).mean())
     curve = [{"step": s, "train_loss": 1.0, "val_acc": acc * s / steps, "lr": 1e-3} for s in (steps // 2, steps)]
     metrics = {"task": task, "arch": arch, "model": arch, "teacher": None, "seed": seed, "data_seed": 0,
-               "train_size": 40, "steps": steps, "budget_mode": "steps", "num_classes": 2, "test_acc": acc,
+               "train_size": train_size, "steps": steps, "budget_mode": "steps", "num_classes": 2, "test_acc": acc,
                "val_acc": acc, "slices": {"test": {"acc": acc, "n": len(TEST)}}, "curve": curve,
                "budget": {"params": 1000, "optimizer_steps": steps}, "measured": {"wall_time_s": 1.0}}
     (folder / "metrics.json").write_text(json.dumps(metrics))
@@ -159,6 +159,7 @@ def test_floor_rows_and_budget_pairs(tmp_path, params_path):
         _run(tmp_path, "relation", "nomix", seed, np.ones(len(TEST), bool), labels)
         if seed < 2:
             _run(tmp_path, "relation", "swin", seed, np.ones(len(TEST), bool), labels, steps=4000)
+            _run(tmp_path, "relation", "swin", seed, np.ones(len(TEST), bool), labels, train_size=80)
     params = load_params(params_path)
     archs = {**params.train.archs, "swin_local": "swin", "nomix": "vit"}
     params = params.model_copy(update={"train": params.train.model_copy(update={"archs": archs})})
@@ -170,7 +171,9 @@ def test_floor_rows_and_budget_pairs(tmp_path, params_path):
     nomix = led.loc["floor.nomix.relation"]
     assert nomix.floor_baseline == "one_mark" and nomix.verdict == "failed"  # 1.0 far above the floor
     assert ledger.floor_of(inp.floors, "relation") == (0.70, "nomix")
-    budget = led.loc["budget.swin.relation.4000"]  # swin again at 4000 steps, right on every item
+    sizes = cells.size_cells(cells.cell_table(inp.runs, inp.items, params.report, 0), cells.main_config(inp.runs))
+    assert sorted(sizes.train_size.unique()) == [40, 80] and set(sizes.arch) == {"swin"}
+    budget = led.loc["budget.swin.relation.steps4000"]  # swin again at 4000 steps, right on every item
     assert (budget.a, budget.b, budget.kind, budget.verdict) == ("swin", "swin", "paired", "held")
     assert "4000 steps: step 4000" in budget.context and "1000 steps: not reached" in budget.context
 

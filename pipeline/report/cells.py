@@ -108,6 +108,16 @@ def cell_table(runs: pd.DataFrame, items: Items, rp, seed: int) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
+def size_cells(cell_tab: pd.DataFrame, config: dict) -> pd.DataFrame:
+    """The data-size axis inside the main runs: cells at the main budget and data draw whose (task, arch) was
+    trained at more than one training-set size."""
+    if cell_tab.empty or not config:
+        return cell_tab
+    sub = cell_tab[(cell_tab.steps == config["steps"]) & (cell_tab.budget_mode == config["budget_mode"])
+                   & (cell_tab.data_seed == 0)]
+    return sub[sub.groupby(["task", "arch"])["train_size"].transform("nunique") > 1]
+
+
 def slice_summary(rows: pd.DataFrame, items: Items, task: str, rp, seed: int) -> list[dict]:
     """Per test slice of one cell: hierarchical-bootstrap mean and CI on the slice's items."""
     out = []

@@ -101,25 +101,29 @@ def plan(params) -> list[dict]:
 
 
 def budget_rows(runs: pd.DataFrame, config: dict) -> list[dict]:
-    """The budget axis: every (task, arch) trained at more steps than the main grid (same size, mode and data)
-    gives a row "longer training - main budget" on the same items and seeds ("cannot" vs "not yet")."""
+    """The budget axis: every (task, arch) also trained under another budget than the main grid's (more steps,
+    or ``budget_mode: flops``) at the same size and data gives a row "that budget - main budget" on the same
+    items and seeds ("cannot" vs "not yet"; step- vs FLOP-matched side by side)."""
     if not config:
         return []
-    same = runs[(runs.source == "runs") & (runs.data_seed == 0) & (runs.train_size == config["train_size"])
-                & (runs.budget_mode == config["budget_mode"])]
+    same = runs[(runs.source == "runs") & (runs.data_seed == 0) & (runs.train_size == config["train_size"])]
     rows = []
     for (task, arch), g in same.groupby(["task", "arch"], sort=True):
-        for steps in sorted(s for s in g.steps.unique() if s != config["steps"]):
-            rows.append({"id": f"budget.{arch}.{task}.{int(steps)}", "finding": "budget", "a": arch, "b": arch,
-                         "a_steps": steps, "task": task, "subset": "test", "kind": "paired", "expect": "+",
-                         "isolates": f"training length: {int(steps)} vs {int(config['steps'])} steps"})
+        alts = g[["steps", "budget_mode"]].drop_duplicates()
+        for steps, mode in sorted(alts.itertuples(index=False, name=None), key=str):
+            if (steps, mode) == (config["steps"], config["budget_mode"]):
+                continue
+            rows.append({"id": f"budget.{arch}.{task}.{mode}{int(steps)}", "finding": "budget", "a": arch,
+                         "b": arch, "a_cfg": {"steps": steps, "budget_mode": mode}, "task": task, "subset": "test",
+                         "kind": "paired", "expect": "+", "isolates": f"training budget: {int(steps)} steps "
+                         f"({mode}-matched) vs {int(config['steps'])} ({config['budget_mode']}-matched)"})
     return rows
 
 
 def budget_context(reach: pd.DataFrame, row: dict, config: dict) -> str:
     """"<steps> steps: step N (k of n seeds)" or "not reached", for both arms of a budget row."""
     parts = []
-    for steps in (config["steps"], row["a_steps"]):
+    for steps in (config["steps"], row["a_cfg"]["steps"]):
         sub = reach[(reach.task == row["task"]) & (reach.arch == row["a"]) & (reach.steps == steps)
                     & (reach.data_seed == 0) & (reach.train_size == config["train_size"])]
         if len(sub):
@@ -145,7 +149,7 @@ def _empty(row: dict) -> dict:
 def measure(row: dict, runs: pd.DataFrame, items: cells.Items, config: dict, floors: dict, rp, seed: int) -> dict:
     """The measured side of one planned row (before Holm and the verdict)."""
     subset = items.subset(row["task"], row["subset"])
-    a_rows = cells.select(runs, row["task"], row["a"], {**config, "steps": row.get("a_steps", config.get("steps"))})
+    a_rows = cells.select(runs, row["task"], row["a"], {**config, **row.get("a_cfg", {})})
     floor, floor_name = floor_of(floors, row["task"], row.get("exclude", ()))
     out = {**_empty(row), "floor": floor, "floor_baseline": floor_name}
     if row["kind"] == "paired":

@@ -73,7 +73,8 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
     cell_tab = cells.cell_table(runs, inp.items, rp, seed)
     main = cell_tab[(cell_tab.train_size == config.get("train_size")) & (cell_tab.steps == config.get("steps"))
                     & (cell_tab.data_seed == 0)] if config else cell_tab
-    size_tab = cells.cell_table(inp.curve_runs.assign(source="runs"), inp.items, rp, seed)
+    size_tab = pd.concat([cells.size_cells(cell_tab, config),  # a size grid inside data/runs, and data/curve
+                          cells.cell_table(inp.curve_runs.assign(source="runs"), inp.items, rp, seed)])
     slice_tab = cells.slice_table(runs, inp.items, config, rp, seed)
     led = ledger.judge(inp.params, runs, inp.items, inp.floors, inp.disagreement, seed)
     reach = agg.steps_to_reach(runs, rp.escape_threshold, cells.CELL)
