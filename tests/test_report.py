@@ -221,3 +221,15 @@ def test_teacher_disagreement_read_from_provenance(tmp_path):
     (folder / "provenance.json").write_text(json.dumps({"transfer": {"label_disagreement": 0.125}, "seed": 0}))
     assert sources.teacher_disagreement(tmp_path / "teachers") == {("resnet", "alignment"): 0.125}
     assert sources.teacher_disagreement(tmp_path / "absent") == {}
+
+
+def test_findings_report_refuted_and_cap_at_five():
+    def row(i, finding, verdict):
+        return {"id": f"{finding}.{i}", "finding": finding, "kind": "paired", "task": "t", "a": "a", "b": "b",
+                "subset": "test", "isolates": "x", "estimate": 0.1, "ci_lo": 0.05, "ci_hi": 0.15, "floor": np.nan,
+                "floor_baseline": "", "verdict": verdict, "needs_seeds": None}
+    led = pd.DataFrame([row(0, "alignment", "held"), row(1, "alignment", "failed"), row(0, "arrangement", "failed"),
+                        *(row(0, f, "held") for f in ("relation", "distillation", "natural", "scale"))])
+    got = markdown.findings(led)
+    assert len(got) == 5 and got[0].startswith("**alignment: refuted by its controls (alignment.1 failed)")
+    assert got[1].startswith("**arrangement: refuted.**") and not any("scale" in g for g in got)

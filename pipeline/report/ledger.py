@@ -50,6 +50,12 @@ CONTRASTS = (
      "subset": "test", "expect": "+", "isolates": "learned position vs none"},
     {"id": "relation.shift", "finding": "relation", "a": "swin", "b": "swin_noshift", "tasks": ("relation",),
      "subset": "slice/window=cross", "expect": "+", "isolates": "shifted vs fixed windows, marks across windows"},
+    {"id": "natural.position", "finding": "natural", "a": "vit", "b": "vit_nopos", "tasks": ("natural",),
+     "subset": "test", "expect": "+", "isolates": "learned 1D position vs none (ViT paper, Table 8)"},
+    {"id": "natural.sincos", "finding": "natural", "a": "vit_sincos", "b": "vit", "tasks": ("natural",),
+     "subset": "test", "expect": "0", "isolates": "2D sin-cos vs learned 1D position (ViT paper: equal)"},
+    {"id": "natural.resnet_vs_vit", "finding": "natural", "a": "resnet", "b": "vit", "tasks": ("natural",),
+     "subset": "test", "expect": "+", "isolates": "CNN vs ViT on small natural-image data (data-size reversal)"},
     {"id": "distill.teacher", "finding": "distillation", "a": "deit", "b": "deit_labels", "tasks": None,
      "subset": "test", "expect": "+", "isolates": "CNN teacher vs labels only (same DeiT tokens and readout)"},
     {"id": "distill.readout", "finding": "distillation", "a": "deit_labels", "b": "vit", "tasks": None,
@@ -67,6 +73,8 @@ FLOOR_ROWS = (
      "subset": "test", "exclude": ("nomix",), "isolates": "no token mixing at all"},
 )
 VERDICTS = ("held", "failed", "equivalent", "underpowered", "not run")
+# The README's findings, in this order (at most five are shown).
+FINDINGS = ("alignment", "arrangement", "relation", "distillation", "natural", "scale", "budget", "floors")
 
 
 def configured_cells(params) -> dict[str, set[str]]:
@@ -240,3 +248,16 @@ def judge(params, runs: pd.DataFrame, items: cells.Items, floors: dict, disagree
 def counts(ledger: pd.DataFrame) -> dict[str, int]:
     """Rows per verdict (every verdict named, zeros included)."""
     return {v: int((ledger.verdict == v).sum()) if len(ledger) else 0 for v in VERDICTS}
+
+
+def leads(ledger: pd.DataFrame) -> list[tuple[str, pd.DataFrame, pd.Series]]:
+    """(finding, its rows, its lead row) in :data:`FINDINGS` order; the lead is the group's first row with
+    data (rows keep the order of :data:`CONTRASTS`, primary minimal pair first), never picked by outcome."""
+    if ledger.empty:
+        return []
+    order = {name: i for i, name in enumerate(FINDINGS)}
+    out = []
+    for name, g in sorted(ledger.groupby("finding", sort=False), key=lambda kv: order.get(kv[0], len(order))):
+        ran = g[g.verdict != "not run"]
+        out.append((name, g, (ran if len(ran) else g).iloc[0]))
+    return out

@@ -10,6 +10,7 @@ import math
 import pandas as pd
 
 from pipeline.report.aggregate import CI_METHOD
+from pipeline.report.ledger import leads
 
 MAX_FINDINGS = 5
 
@@ -94,17 +95,11 @@ def ledger_view(ledger: pd.DataFrame) -> pd.DataFrame:
 
 
 def findings(ledger: pd.DataFrame) -> list[str]:
-    """At most five findings, one per ledger ``finding`` group: its lead minimal pair (the first decided row,
-    else the first row) with its difference and CI, the shortcut floor, the group's rows; refuted when its
-    lead row failed. Generated from the ledger only."""
+    """At most five findings, one per ledger ``finding`` group: its lead minimal pair with its difference and
+    CI, the shortcut floor and the group's rows; refuted when the lead failed or a control in the group
+    failed. Generated from the ledger only."""
     out = []
-    if ledger.empty:
-        return out
-    for name, g in ledger.groupby("finding", sort=False):
-        if len(out) == MAX_FINDINGS:
-            break
-        decided = g[g.verdict.isin(["held", "failed", "equivalent"])]
-        lead = (decided if len(decided) else g).iloc[0]
+    for name, g, lead in leads(ledger)[:MAX_FINDINGS]:
         status = {"held": "supported", "failed": "refuted", "equivalent": "no effect (equivalent)",
                   "underpowered": f"undecided (underpowered: needs {lead.needs_seeds} seeds)",
                   "not run": "not run"}[lead.verdict]
@@ -112,6 +107,9 @@ def findings(ledger: pd.DataFrame) -> list[str]:
         diff = ci_text(lead.estimate, lead.ci_lo, lead.ci_hi, sign=lead.kind != "exact")
         floor = f"{lead.floor:.3f} ({lead.floor_baseline})" if lead.floor == lead.floor else "not computed"
         rows = ", ".join(f"`{r.id}` {r.verdict}" for r in g.itertuples())
+        refuting = [r.id for r in g.itertuples() if r.verdict == "failed" and r.id != lead["id"]]
+        if refuting and lead.verdict == "held":
+            status = f"refuted by its controls ({', '.join(refuting)} failed)"
         out.append(f"**{name}: {status}.** Minimal pair {pair} on {lead.task} ({lead.subset}; isolates "
                    f"{lead.isolates}): {diff}. Shortcut floor {floor}. Ledger rows: {rows}.")
     return out

@@ -205,13 +205,10 @@ def plot_tables(inp: Inputs, out: Path, curves: dict[str, pd.DataFrame], size_ta
 def summary(frames: dict, floors: dict) -> dict:
     """reports/summary.json (dvc metrics): a few headline numbers, so `dvc exp show` stays narrow."""
     led, main = frames["ledger"], frames["main"]
-    lead = {}
-    for name, g in led.groupby("finding", sort=False) if len(led) else []:
-        decided = g[g.verdict.isin(["held", "failed", "equivalent"])]
-        lead[name] = float((decided if len(decided) else g).iloc[0].estimate)
+    lead = {name: float(row.estimate) for name, _, row in ledger.leads(led)[:markdown.MAX_FINDINGS]}
     return markdown.nan_to_none({
         "ledger": {k.replace(" ", "_"): v for k, v in ledger.counts(led).items()},
-        "finding": dict(list(lead.items())[:markdown.MAX_FINDINGS]),
+        "finding": lead,
         "floor": {t: float(r.get("floor", float("nan"))) for t, r in sorted(floors.items())},
         "bimodal_cells": int(main["bimodal"].sum()) if len(main) else 0,
     })
