@@ -71,7 +71,8 @@ def ledger_view(ledger: pd.DataFrame) -> pd.DataFrame:
         if r.kind == "exact":
             return f"{r.a}: twin-pair accuracy = 0.5 exactly, twin logits equal"
         other = f"floor ({r.floor_baseline})" if r.kind == "floor" else r.b
-        return f"{r.a} - {other} on {r.subset} {'>' if r.expect == '+' else r.expect} 0"
+        claim = {"+": "> 0", "0": "= 0 (within the margin)", "<=": "<= 0 (at most the floor)"}[r.expect]
+        return f"{r.a} - {other} on {r.subset} {claim}"
 
     def measured(r) -> str:
         if r.verdict == "not run":
