@@ -250,9 +250,12 @@ class Distill(Section):
 class Report(Section):
     """How the ``report`` stage summarises runs and judges the prediction ledger (pipeline/report)."""
 
-    confidence: Annotated[float, Field(gt=0.5, lt=1)] = 0.95  # Student-t interval over seeds
-    # A ledger interval wider than this cannot decide an "equals" prediction: it is marked inconclusive.
-    decisive_width: Annotated[float, Field(gt=0, le=1)] = 0.10
+    confidence: Annotated[float, Field(gt=0.5, lt=1)] = 0.95  # interval level; Holm's alpha = 1 - confidence
+    # "No effect": a paired difference whose whole interval lies within +-margin (accuracy points).
+    equivalence_margin: Annotated[float, Field(gt=0, lt=1)]
+    bootstrap_samples: Annotated[int, Field(ge=100)]  # hierarchical bootstrap replicates (seeded by `seed`)
+    escape_threshold: Annotated[float, Field(gt=0, le=1)]  # a seed "escapes" when its test accuracy reaches this
+    min_seeds_bimodal: Annotated[int, Field(ge=2)]  # a bimodal cell with fewer seeds is flagged "needs more seeds"
 
 
 # --------------------------------------------------------------------------- tracking
@@ -440,7 +443,7 @@ class Params(Section):
     train: Train = Train()
     distill: Distill = Distill()
     tracking: Tracking = Tracking()
-    report: Report = Report()
+    report: Report
     tasks: Tasks = Field(default_factory=Tasks)
     slice: Slicing = Slicing()
     # No default section: None only until the lead drops schema defaults (then params.yaml must hold it).

@@ -1,179 +1,235 @@
-"""Report: interval maths, ledger verdicts, predictions from params only, and the stage on synthetic runs."""
+"""Report: the ledger, cells, floors and the stage on synthetic metrics.json/predictions.npz trees (no training)."""
 
 from __future__ import annotations
 
 import json
-import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import yaml
 
-from pipeline.config import Params, parse_params
-from pipeline.errors import ConfigError
-from pipeline.report import aggregate as agg
-from pipeline.report import ledger
+from pipeline.config import load_params
+from pipeline.report import cells, ledger, markdown, natural, pages, sources
 from pipeline.stages import report as report_stage
 
-T_975_DF1 = 12.706204736174707  # Student-t 97.5% quantile, 1 degree of freedom (statistical tables)
-Z_975 = 1.959963984540054
+ROOT = Path(__file__).resolve().parents[1]
+N_POOL, TEST = 400, np.arange(200, 400)  # test items: pool indices 200..399 (complete twin pairs 2i, 2i + 1)
+OOD = TEST[TEST % 4 == 0]  # "unseen offsets": a quarter of the test items
+CROSS = TEST[TEST % 2 == 0]  # relation marks in different windows
 
 
-def test_t_interval_two_seeds_by_hand():
-    s = agg.t_interval([0.8, 0.9], 0.95)
-    sd = math.sqrt(((0.8 - 0.85) ** 2 + (0.9 - 0.85) ** 2) / 1)  # ddof = 1
-    half = T_975_DF1 * sd / math.sqrt(2)
-    assert s["n"] == 2 and s["mean"] == pytest.approx(0.85) and s["sd"] == pytest.approx(sd)
-    assert (s["ci_lo"], s["ci_hi"]) == pytest.approx((0.85 - half, 0.85 + half))
-    assert s["ci_lo"] == pytest.approx(0.21469, abs=1e-5)
+def _pool(root: Path, task: str) -> np.ndarray:
+    """labels (twins have opposite labels), factors and slices for one task; returns the labels."""
+    labels = (np.arange(N_POOL) % 2).astype(np.int64)
+    (root / "tasks" / task).mkdir(parents=True, exist_ok=True)
+    np.save(root / "tasks" / task / "labels.npy", labels)
+    dx, dy = np.arange(N_POOL) % 4, (np.arange(N_POOL) // 4) % 4
+    pd.DataFrame({"dx": dx, "dy": dy, "id": (dx < 2) & (dy < 2)}).to_csv(root / "tasks" / task / "factors.csv",
+                                                                         index=False)
+    (root / "slices" / task).mkdir(parents=True, exist_ok=True)
+    np.savez(root / "slices" / task / "indices.npz", test=TEST, **{"slice/ood": OOD, "slice/window=cross": CROSS,
+                                                                   "slice/window=same": np.setdiff1d(TEST, CROSS)})
+    return labels
 
 
-def test_one_seed_has_no_interval():
-    s = agg.t_interval([0.7])
-    assert s["mean"] == 0.7 and math.isnan(s["sd"]) and math.isnan(s["ci_lo"]) and math.isnan(s["ci_hi"])
-    table = agg.summarise(pd.DataFrame({"arch": ["a"], "acc": [0.7]}), ["arch"], "acc")
-    assert table.n.tolist() == [1] and table.ci_lo.isna().all()
-
-
-def test_ledger_interval_adds_test_sampling_error():
-    one = agg.ledger_interval([0.5], n_test=400)  # binomial only: z * sqrt(0.25 / 400)
-    assert one["half"] == pytest.approx(Z_975 * 0.025)
-    two = agg.ledger_interval([0.8, 0.9], n_test=400)
-    binom = Z_975 * math.sqrt(0.85 * 0.15 / 400)
-    assert two["half"] == pytest.approx(math.hypot(T_975_DF1 * 0.05, binom))
-
-
-def test_parse_slice_and_agreement():
-    assert agg.parse_slice("slice/offset=1,2") == ("offset", "1,2")
-    assert agg.parse_slice("slice/ood") == ("split", "ood")
-    a = np.eye(3, dtype=np.float32)[[0, 1, 2, 0]]
-    b = np.eye(3, dtype=np.float32)[[0, 1, 1, 1]]
-    # matched by index, not order: b lists the same samples reversed
-    assert agg.agreement(np.arange(4), a, np.arange(4)[::-1], b[::-1]) == 0.5
-
-
-def _iv(mean, lo, hi, half=None):
-    return {"n": 2, "mean": mean, "ci_lo": lo, "ci_hi": hi, "half": (hi - lo) / 2 if half is None else half}
-
-
-@pytest.mark.parametrize("interval, expected", [
-    (_iv(0.50, 0.48, 0.52), "held"),
-    (_iv(0.55, 0.40, 0.70), "inconclusive"),  # contains 0.5 but wider than decisive_width
-    (_iv(0.70, 0.65, 0.75), "failed"),
-])
-def test_equals_verdicts(interval, expected):
-    pred = ledger.Prediction("p", "at chance", "exact", "b", "equals", "t", "a", value=0.5)
-    assert ledger.verdict(pred, interval, None, decisive_width=0.1)[0] == expected
-
-
-@pytest.mark.parametrize("a, b, expected", [
-    (_iv(0.9, 0.85, 0.95), _iv(0.6, 0.55, 0.65), "held"),
-    (_iv(0.6, 0.55, 0.65), _iv(0.9, 0.85, 0.95), "failed"),
-    (_iv(0.7, 0.5, 0.9), _iv(0.6, 0.4, 0.8), "inconclusive"),
-])
-def test_greater_verdicts(a, b, expected):
-    pred = ledger.Prediction("p", "a beats b", "qualitative", "b", "greater", "t", "a", other="b")
-    assert ledger.verdict(pred, a, b, 0.1)[0] == expected
-    assert ledger.verdict(pred, None, b, 0.1)[0] == "not run"
-    untestable = ledger.Prediction("u", "c", "exact", "b", "untestable", reason="why")
-    assert ledger.verdict(untestable, a, b, 0.1)[0] == "untestable"
-
-
-def _reach(reachable: dict[int, float]) -> dict:
-    rows = [{"chebyshev": c, "reachable": r} for c, r in reachable.items()]
-    return {"archs": {"swin_noshift": {"depth": 1, "layers_for_all_pairs": -1, "by_distance": rows}}}
-
-
-def test_predictions_come_from_params_and_interface_only():
-    params = Params()
-    preds = {p.id: p for p in ledger.predictions(params)}
-    chance = preds["chance.vit_nopos.arrangement"]
-    assert (chance.kind, chance.value, chance.level) == ("equals", 0.5, "exact")
-    assert preds["window.swin_vs_noshift"].metric == "slice/window=cross"
-    # distances 1 cell (px 1..7) connected, 2 cells (px 5..11) partly, 3 cells (px 9..15) never
-    reach = _reach({c: 1.0 if c <= 7 else 0.0 for c in range(16)})
-    got = {p.id: p for p in ledger.reachability_predictions(params, reach, ["swin_noshift"])}
-    assert got["reach.swin_noshift.d3"].kind == "equals"
-    assert got["reach.swin_noshift.d3"].metric == "slice/distance_tokens=3"
-    assert "reach.swin_noshift.d2" not in got and got["reach.swin_noshift"].kind == "untestable"
-    narrow = ledger.collision_predictions(params, {"vit": 40}, ["vit"])[0]
-    wide = ledger.collision_predictions(params, {"vit": 64}, ["vit"])[0]
-    assert "holds by algebra" in narrow.reason and "not testable" in wide.reason
-
-
-def test_bad_report_params_name_the_key():
-    raw = Params().model_dump(mode="json")
-    raw["report"]["confidence"] = 1.5
-    with pytest.raises(ConfigError, match=r"report\.confidence"):
-        parse_params(raw)
-    raw["report"] = {"confidence": 0.9, "colour": "red"}
-    with pytest.raises(ConfigError, match=r"report\.colour: unknown key"):
-        parse_params(raw)
-
-
-# --------------------------------------------------------------------------- the stage on synthetic runs
-def _write_run(folder, task, arch, seed, acc, labels_pred, k=2, teacher=None, slices=None):
+def _run(root: Path, task: str, arch: str, seed: int, correct: np.ndarray, labels: np.ndarray, steps: int = 1000,
+         logits: np.ndarray | None = None, train_size: int = 40) -> None:
+    """One run folder: predictions right exactly on ``correct`` (bool over TEST), metrics.json to match."""
+    folder = root / "runs" / arch / task / f"n{train_size}" / f"s{seed}" / f"t{steps}"
     folder.mkdir(parents=True, exist_ok=True)
-    n = len(labels_pred)
-    budget = {"params": 1000, "optimizer_steps": 10, "batch_size": 4, "images_seen": 40, "tokens_per_image": 16,
-              "tokens_seen": 640, "forward_flops_per_image": 100, "train_flops": 12000,
-              "teacher_forward_flops": 400 if teacher else 0, "teacher_train_flops": 5000 if teacher else 0,
-              "total_flops_with_teacher": 17400 if teacher else 12000, "flops_convention": "2 per MAC"}
-    metrics = {"task": task, "arch": arch, "model": arch, "seed": seed, "train_size": 40, "test_acc": acc,
-               "val_acc": acc, "shift_consistency": 0.9, "slices": {"test": {"acc": acc, "n": n}, **(slices or {})},
-               "budget": budget, "measured": {"wall_time_s": 1.0, "images_per_s": 40.0, "peak_rss_mb": 10.0},
-               "mlflow_run_id": f"{arch}{seed}", **({"teacher": {"arch": teacher}} if teacher else {})}
+    pred = np.where(correct, labels[TEST], 1 - labels[TEST])
+    if logits is None:
+        logits = np.eye(2, dtype=np.float32)[pred]
+    acc = float((logits.argmax(-1) == labels[TEST]).mean())
+    curve = [{"step": s, "train_loss": 1.0, "val_acc": acc * s / steps, "lr": 1e-3} for s in (steps // 2, steps)]
+    metrics = {"task": task, "arch": arch, "model": arch, "teacher": None, "seed": seed, "data_seed": 0,
+               "train_size": train_size, "steps": steps, "budget_mode": "steps", "num_classes": 2, "test_acc": acc,
+               "val_acc": acc, "slices": {"test": {"acc": acc, "n": len(TEST)}}, "curve": curve,
+               "budget": {"params": 1000, "optimizer_steps": steps}, "measured": {"wall_time_s": 1.0}}
     (folder / "metrics.json").write_text(json.dumps(metrics))
-    logits = np.eye(k, dtype=np.float32)[np.asarray(labels_pred)]
-    np.savez(folder / "predictions.npz", index=np.arange(n, dtype=np.int64), logits=logits)
+    np.savez(folder / "predictions.npz", index=TEST, logits=logits)
 
 
-def test_stage_on_synthetic_runs(tmp_path):
-    raw = Params().model_dump(mode="json")
-    raw["train"]["archs"] = {"vit": "vit", "vit_nopos": "vit", "resnet": "resnet"}
-    raw["distill"]["teachers"] = {"resnet": "resnet"}
-    raw["distill"]["students"] = {"deit": "resnet"}
-    raw["distill"]["tasks"] = ["arrangement"]
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
-    runs, teachers = tmp_path / "runs", tmp_path / "teachers"
-    teacher_pred = [0, 1] * 1000  # 2000 test samples
-    _write_run(teachers / "resnet" / "arrangement", "arrangement", "resnet", 0, 0.9, teacher_pred)
+def _correct(share: float, rng: np.random.Generator) -> np.ndarray:
+    return rng.random(len(TEST)) < share
+
+
+def _tree(root: Path) -> None:
+    """alignment: resnet = vit on id, resnet wins every ood item; arrangement: vit bimodal over seeds,
+    vit_sincos identical to vit, vit_nopos with equal twin logits; relation: swin vs swin_noshift noisy."""
+    rng = np.random.default_rng(0)
+    lab = {t: _pool(root, t) for t in ("alignment", "arrangement", "relation")}
+    ood = np.isin(TEST, OOD)
     for seed in (0, 1):
-        def d(arch: str, seed: int = seed):
-            return runs / arch / "arrangement" / "n40" / f"s{seed}"
+        base = _correct(0.9, rng)
+        _run(root, "alignment", "vit", seed, base & ~ood, lab["alignment"])
+        _run(root, "alignment", "resnet", seed, base | ood, lab["alignment"])
+        arr = _correct(0.97 if seed == 0 else 0.5, rng)  # seed 0 escapes, seed 1 does not: bimodal
+        _run(root, "arrangement", "vit", seed, arr, lab["arrangement"])
+        _run(root, "arrangement", "vit_sincos", seed, arr, lab["arrangement"])
+        _run(root, "arrangement", "vit_nopos", seed, None, lab["arrangement"],
+             logits=np.tile(np.array([[2.0, -1.0]], dtype=np.float32), (len(TEST), 1)))
+        rel = _correct(0.7, rng)
+        _run(root, "relation", "swin", seed, rel, lab["relation"])
+        _run(root, "relation", "swin_noshift", seed, rel ^ (_correct(0.3, rng) if seed else False),
+             lab["relation"])
+    floors = {"task": "relation", "chance": 0.5, "floor": 0.70, "floor_baseline": "nomix",
+              "baselines": {"one_mark": {"acc": 0.62, "n": 200, "uses": "mark A alone", "ci": [0.55, 0.68]},
+                            "nomix": {"acc": 0.70, "n": 200, "uses": "no token mixing", "ci": [0.63, 0.76]}}}
+    (root / "shortcuts" / "relation").mkdir(parents=True)
+    (root / "shortcuts" / "relation" / "floors.json").write_text(json.dumps(floors))
 
-        _write_run(d("vit_nopos"), "arrangement", "vit_nopos", seed, 0.5, [0] * 2000)
-        _write_run(d("vit"), "arrangement", "vit", seed, 0.6 + 0.1 * seed, teacher_pred)
-        _write_run(d("resnet"), "arrangement", "resnet", seed, 0.95, teacher_pred,
-                   slices={"slice/dcol=1": {"acc": 0.9, "n": 500}})
-        _write_run(d("deit"), "arrangement", "deit", seed, 0.7, teacher_pred[:1500] + [0] * 500, teacher="resnet")
-    out = tmp_path / "reports"
-    rc = report_stage.main(["--params", str(tmp_path / "params.yaml"), "--runs", str(runs), "--curve",
-                            str(tmp_path / "absent"), "--teachers", str(teachers), "--out", str(out)])
-    assert rc == 0
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["test_acc"]["arrangement"]["vit"] == pytest.approx(0.65)
+
+@pytest.fixture
+def params_path(tmp_path):
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["train"]["archs"] = {a: s for a, s in raw["train"]["archs"].items()
+                             if a in ("vit", "vit_nopos", "vit_sincos", "swin", "swin_noshift", "resnet")}
+    raw["distill"]["students"], raw["distill"]["teachers"] = {}, {}
+    raw["train"]["tasks"] = ["alignment", "relation", "arrangement"]  # the tasks _tree runs
+    raw["report"]["bootstrap_samples"] = 300
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _stage(tmp_path, params_path, out="reports") -> Path:
+    _tree(tmp_path)
+    args = ["--params", str(params_path), "--out", str(tmp_path / out)]
+    for name in ("runs", "tasks", "slices", "shortcuts"):
+        args += [f"--{name}", str(tmp_path / name)]
+    assert report_stage.main(args) == 0
+    return tmp_path / out
+
+
+def test_ledger_rows_decided_on_item_paired_differences(tmp_path, params_path):
+    out = _stage(tmp_path, params_path)
     led = pd.read_csv(out / "tables" / "ledger.csv").set_index("id")
-    assert led.loc["chance.vit_nopos.arrangement", "verdict"] == "held"
-    assert led.loc["position.vit_vs_nopos", "verdict"] == "inconclusive"  # 0.6/0.7: too wide with 2 seeds
-    assert led.loc["distill.deit_vs_vit.arrangement", "verdict"] == "inconclusive"
-    dist = pd.read_csv(out / "tables" / "distillation.csv").set_index(["arch", "source"])
-    assert dist.loc[("vit", "runs"), "agree_resnet"] == 1.0  # label-only vit, as the baseline
-    assert ("vit_nopos", "runs") not in dist.index  # only students and the label-only vit are attributed
-    assert dist.loc[("deit", "runs"), "agree_resnet"] == pytest.approx(1750 / 2000)
-    assert "not run" in (out / "tables" / "size_curve.md").read_text()
+    # resnet wins exactly the ood items vit loses: +1 on ood on every item where base was right, paired
+    row = led.loc["alignment.resnet_vs_vit.alignment"]
+    assert row.verdict == "held" and row.ci_lo > 0.5 and row.p_holm < 0.05
+    same = led.loc["arrangement.sincos.arrangement"]  # identical predictions: difference exactly 0
+    assert (same.estimate, same.ci_lo, same.ci_hi, same.verdict) == (0.0, 0.0, 0.0, "equivalent")
+    noisy = led.loc["relation.shift.relation"]
+    assert noisy.verdict == "underpowered" and noisy.needs_seeds > 2
+    exact = led.loc["exact.vit_nopos.twins"]
+    assert exact.verdict == "held" and exact.estimate == 0.5 and exact.max_logit_diff == 0.0
+    assert set(led.verdict) <= set(ledger.VERDICTS) - {"not run"}
+    assert "untestable" not in (out / "tables" / "ledger.md").read_text()
+    # pairs not configured are not rows (no resnet_s1, no students)
+    assert not any(i.startswith(("alignment.stride", "distill.")) for i in led.index)
+    assert "0.700" in (out / "tables" / "ledger.md").read_text()  # the relation floor beside its rows
+
+
+def test_cells_flag_bimodal_and_count_escapes(tmp_path, params_path):
+    out = _stage(tmp_path, params_path)
+    acc = pd.read_csv(out / "tables" / "accuracy.csv").set_index(["task", "arch"])
+    vit = acc.loc[("arrangement", "vit")]
+    assert (vit.n, vit.k_escaped, bool(vit.bimodal)) == (2, 1, True) and "needs more seeds" in vit.note
+    assert 0 <= vit.ci_lo < vit["mean"] < vit.ci_hi <= 1 and 0 < vit.k_ci_lo < 0.5 < vit.k_ci_hi < 1
+    assert "1/2 escaped; needs more seeds" in (out / "tables" / "accuracy.md").read_text()
+    assert "Shortcut floors" in (out / "tables" / "accuracy.md").read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    flat = pd.json_normalize(summary).columns
+    assert len(flat) <= 20 and summary["floor"]["relation"] == 0.70 and summary["bimodal_cells"] >= 1
     readme = (out / "README.md").read_text()
-    for link in ("tables/ledger.md", "figures/alignment_offset.png", "interface/interface.md", "budget/README.md",
-                 "samples/arrangement.png"):
-        assert f"]({link})" in readme
-    assert "vit_nopos" in readme and "Prediction ledger: " in readme
-    for name in ("alignment_offset", "scale_size", "relation_distance", "relation_window", "data_size",
+    findings = readme.split("## Findings")[1].split("Shortcut floors")[0]
+    assert 1 <= findings.count("**") // 2 <= 5 and "Minimal pair resnet vs vit" in findings
+    for name in ("accuracy", "alignment_offset", "scale_size", "relation_distance", "relation_window", "data_size",
                  "learning_curves"):
         assert (out / "figures" / f"{name}.png").stat().st_size > 0
-    plot = pd.read_csv(out / "tables" / "plot_alignment_offset.csv")
-    # fixed columns for dvc plots: every configured arch, empty where it was not run on the task
-    assert plot.columns[0] == "x" and set(plot.columns[1:]) == {"vit", "vit_nopos", "resnet", "deit"}
-    # nothing to report is a one-line error (exit 2), not a traceback
-    assert report_stage.main(["--params", str(tmp_path / "params.yaml"), "--runs", str(tmp_path / "none"),
-                              "--out", str(tmp_path / "r2")]) == 2
+    plot = pd.read_csv(out / "tables" / "plot_alignment_offset.csv")  # fixed columns for dvc plots
+    assert plot.columns[0] == "x" and set(plot.columns[1:]) == {"vit", "vit_nopos", "vit_sincos", "swin",
+                                                                "swin_noshift", "resnet"}
+    assert plot.vit_nopos.isna().all() and plot.resnet.notna().all()
+    steps = pd.read_csv(out / "tables" / "steps_to_reach.csv").set_index(["task", "arch"])
+    assert steps.loc[("alignment", "resnet"), "reached"].startswith("step 1000")
+    assert steps.loc[("relation", "swin"), "reached"] == "not reached"
+
+
+def test_floor_rows_and_budget_pairs(tmp_path, params_path):
+    """swin_local at cross-window pairs vs the floor; nomix vs its floor without itself; a steps contrast."""
+    _tree(tmp_path)
+    labels = sources.read_pool(tmp_path / "tasks", tmp_path / "slices", "relation")["labels"]
+    rng = np.random.default_rng(1)
+    for seed in (0, 1, 2):
+        _run(tmp_path, "relation", "swin_local", seed, _correct(0.3, rng), labels)
+        _run(tmp_path, "relation", "nomix", seed, np.ones(len(TEST), bool), labels)
+        if seed < 2:
+            _run(tmp_path, "relation", "swin", seed, np.ones(len(TEST), bool), labels, steps=4000)
+            _run(tmp_path, "relation", "swin", seed, np.ones(len(TEST), bool), labels, train_size=80)
+    params = load_params(params_path)
+    archs = {**params.train.archs, "swin_local": "swin", "nomix": "vit"}
+    params = params.model_copy(update={"train": params.train.model_copy(update={"archs": archs})})
+    records = sources.read_metrics(tmp_path / "runs", "runs")
+    inp = pages.load(params, records, tmp_path / "tasks", tmp_path / "slices", tmp_path / "shortcuts", None, {})
+    led = ledger.judge(params, inp.runs, inp.items, inp.floors, {}, 0).set_index("id")
+    local = led.loc["reach.swin_local.relation"]
+    assert local.kind == "floor" and local.verdict == "held" and local.floor == 0.70
+    nomix = led.loc["floor.nomix.relation"]
+    assert nomix.floor_baseline == "one_mark" and nomix.verdict == "failed"  # 1.0 far above the floor
+    assert ledger.floor_of(inp.floors, "relation") == (0.70, "nomix")
+    sizes = cells.size_cells(cells.cell_table(inp.runs, inp.items, params.report, 0), cells.main_config(inp.runs))
+    assert sorted(sizes.train_size.unique()) == [40, 80] and set(sizes.arch) == {"swin"}
+    budget = led.loc["budget.swin.relation.steps4000"]  # swin again at 4000 steps, right on every item
+    assert (budget.a, budget.b, budget.kind, budget.verdict) == ("swin", "swin", "paired", "held")
+    assert "4000 steps: step 4000" in budget.context and "1000 steps: not reached" in budget.context
+
+
+def test_twin_check_is_exact():
+    labels = np.array([0, 1, 0, 1])
+    index = np.array([0, 1, 2, 3])
+    equal = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
+    got = cells.twin_check(index, equal, labels, index // 2)
+    assert got == {"pairs": 2, "max_logit_diff": 0.0, "pair_acc": 0.5, "equal": True}
+    unequal = equal.copy()
+    unequal[1] = [0.0, 1.0]
+    assert cells.twin_check(index, unequal, labels, index // 2)["pair_acc"] == 0.75
+    lone = cells.twin_check(index[:3], equal[:3], labels, (index // 2)[:3])  # the last pair incomplete
+    assert lone["pairs"] == 1
+
+
+def test_natural_tables_read_subgroups_and_resolution():
+    recs = [{"task": "natural", "arch": "vit", "source": "runs", "seed": s,
+             "subgroups": {"alignment": {"dx=1": {"acc": 0.5, "consistency": 0.8, "n": 100}}},
+             "resolution": {"24": {"acc": 0.4, "n": 100}}} for s in (0, 1)]
+    sub = natural.subgroup_table(recs, 0.95).iloc[0]
+    assert (sub.seeds, sub["mean"], sub.n, sub.consistency) == (2, 0.5, 200, 0.8) and sub.ci_lo < 0.5 < sub.ci_hi
+    res = natural.resolution_table(recs, 0.95).iloc[0]
+    assert (res.size_px, res["mean"]) == (24, 0.4)
+    assert all(a["source"] and ("Table" in a["source"] or "Figure" in a["source"]) for a in natural.ANCHORS)
+
+
+def test_floor_flags_and_markdown_one_way():
+    floors = {"scale": {"floor": 0.95, "floor_baseline": "area", "chance": 0.25},
+              "relation": {"floor": 0.6, "floor_baseline": "one_mark", "chance": 0.5}}
+    assert markdown.floor_flags(floors) == ["scale"]
+    assert "relation 0.600 (one_mark; chance 0.500)" in markdown.floors_line(floors)
+    assert markdown.md_table(pd.DataFrame()) == "_not run_"
+
+
+def test_nothing_to_report_is_one_line_error(tmp_path, params_path):
+    assert report_stage.main(["--params", str(params_path), "--runs", str(tmp_path / "none"),
+                              "--out", str(tmp_path / "r")]) == 2
+
+
+def test_teacher_disagreement_read_from_provenance(tmp_path):
+    folder = tmp_path / "teachers" / "resnet" / "alignment"
+    folder.mkdir(parents=True)
+    (folder / "provenance.json").write_text(json.dumps({"transfer": {"label_disagreement": 0.125}, "seed": 0}))
+    assert sources.teacher_disagreement(tmp_path / "teachers") == {("resnet", "alignment"): 0.125}
+    assert sources.teacher_disagreement(tmp_path / "absent") == {}
+
+
+def test_findings_report_refuted_and_cap_at_five():
+    def row(i, finding, verdict):
+        return {"id": f"{finding}.{i}", "finding": finding, "kind": "paired", "task": "t", "a": "a", "b": "b",
+                "subset": "test", "isolates": "x", "estimate": 0.1, "ci_lo": 0.05, "ci_hi": 0.15, "floor": np.nan,
+                "floor_baseline": "", "verdict": verdict, "needs_seeds": None}
+    led = pd.DataFrame([row(0, "alignment", "held"), row(1, "alignment", "failed"), row(0, "arrangement", "failed"),
+                        *(row(0, f, "held") for f in ("relation", "distillation", "natural", "scale"))])
+    got = markdown.findings(led)
+    assert len(got) == 5 and got[0].startswith("**alignment: refuted by its controls (alignment.1 failed)")
+    assert got[1].startswith("**arrangement: refuted.**") and not any("scale" in g for g in got)

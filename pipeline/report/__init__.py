@@ -1,9 +1,13 @@
-"""The reviewer's view: runs aggregated over seeds, tables, figures and the prediction ledger.
+"""The reviewer's view: runs judged on item-level evidence, tables, figures and the prediction ledger.
 
-- :mod:`.sources`: the only module that reads files (metrics.json trees, predictions, interface outputs, MLflow
-  histories) and turns them into plain records;
-- :mod:`.aggregate`: pure pandas: runs/slices frames, Student-t intervals over seeds, every table;
-- :mod:`.ledger`: analytic predictions (functions of params + interface outputs only) and their verdicts;
-- :mod:`.figures`: matplotlib figures from the aggregated frames;
-- :mod:`.markdown`: Markdown tables and the generated ``reports/README.md``.
+- :mod:`.sources`: the only module that reads files (metrics.json trees, predictions, pools and slices, shortcut
+  floors, teacher provenance) and turns them into plain records;
+- :mod:`.stats`: intervals (Wilson, Clopper-Pearson, hierarchical and item-paired bootstrap), Holm, verdicts;
+- :mod:`.cells`: per-run item correctness, seeds x items matrices, per-cell and per-slice summaries;
+- :mod:`.aggregate`: pure pandas run frames and the budget/distillation/steps tables;
+- :mod:`.ledger`: the minimal-pair contrasts, floors and exact checks (data), judged;
+- :mod:`.natural`: level 3 (CIFAR-10 subgroups, resolution + position contract, literature anchors);
+- :mod:`.figures`: matplotlib figures, one colour per architecture;
+- :mod:`.markdown`: Markdown tables (one renderer) and the generated ``reports/README.md``;
+- :mod:`.pages`: the list of tables, figures, captions and notes the stage writes.
 """

@@ -1,8 +1,7 @@
-"""Pure pandas: per-run records -> frames -> seed summaries and the report's tables.
+"""Pure pandas: per-run records -> frames -> the report's tables.
 
-Interval convention (stated in every table that shows one): the mean over seeds with a two-sided Student-t
-interval, ``mean +- t_{(1+level)/2, n-1} * sd / sqrt(n)``, sd with ddof=1. With one seed the interval is
-undefined and stays NaN (shown as "n/a (1 seed)"): no interval is invented.
+Intervals come from :mod:`pipeline.report.stats` through :mod:`pipeline.report.cells` (item-level
+hierarchical bootstrap); with no item data a table shows the point estimate and no interval.
 """
 
 from __future__ import annotations
@@ -11,58 +10,15 @@ import math
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
-CI_METHOD = "Student-t over seeds (mean +- t * sd / sqrt(n), sd with ddof=1); undefined with one seed"
+CI_METHOD = ("hierarchical bootstrap (seeds, then test items; percentile); k of n seeds reaching the escape "
+             "threshold with a Clopper-Pearson interval")
 
 # Run-level columns taken from metrics.json (budget counts, measurements) by :func:`runs_frame`.
 BUDGET_KEYS = ("params", "optimizer_steps", "batch_size", "images_seen", "tokens_per_image", "tokens_seen",
                "forward_flops_per_image", "train_flops", "teacher_forward_flops", "teacher_train_flops",
                "total_flops_with_teacher")
 MEASURED_KEYS = ("wall_time_s", "images_per_s", "peak_rss_mb")
-
-
-def t_interval(values, level: float = 0.95) -> dict[str, float]:
-    """Mean, sd and the Student-t interval of ``values`` (1-D, one per seed); NaN interval below two values."""
-    x = np.asarray(values, dtype=float)
-    x = x[~np.isnan(x)]
-    n = len(x)
-    if n == 0:
-        return {"n": 0, "mean": math.nan, "sd": math.nan, "ci_lo": math.nan, "ci_hi": math.nan}
-    mean = float(x.mean())
-    if n < 2:
-        return {"n": 1, "mean": mean, "sd": math.nan, "ci_lo": math.nan, "ci_hi": math.nan}
-    sd = float(x.std(ddof=1))
-    half = float(stats.t.ppf((1 + level) / 2, n - 1)) * sd / math.sqrt(n)
-    return {"n": n, "mean": mean, "sd": sd, "ci_lo": mean - half, "ci_hi": mean + half}
-
-
-def ledger_interval(values, n_test: int, level: float = 0.95) -> dict[str, float]:
-    """Interval for judging a prediction: the t interval over seeds widened by test-set sampling error.
-
-    All seeds share one test split, so seed spread misses the binomial error of that split; the two
-    independent half-widths add in quadrature (``z * sqrt(p (1 - p) / n_test)`` at the mean ``p``). With
-    one seed the binomial part alone is used. Returns mean, ci_lo, ci_hi, n (seeds) and half (half-width).
-    """
-    s = t_interval(values, level)
-    if s["n"] == 0:
-        return {**s, "half": math.nan}
-    p = min(max(s["mean"], 0.0), 1.0)
-    binom = float(stats.norm.ppf((1 + level) / 2)) * math.sqrt(p * (1 - p) / max(n_test, 1))
-    seed_half = 0.0 if s["n"] < 2 else s["ci_hi"] - s["mean"]
-    half = math.hypot(seed_half, binom)
-    return {**s, "ci_lo": s["mean"] - half, "ci_hi": s["mean"] + half, "half": half}
-
-
-def summarise(df: pd.DataFrame, by: list[str], value: str, level: float = 0.95) -> pd.DataFrame:
-    """One row per ``by`` group: n (seeds), mean, sd, ci_lo, ci_hi of ``value`` (rows = seeds)."""
-    cols = [*by, "n", "mean", "sd", "ci_lo", "ci_hi"]
-    if df.empty:
-        return pd.DataFrame(columns=cols)
-    rows = [{**dict(zip(by, key if isinstance(key, tuple) else (key,), strict=True)),
-             **t_interval(g[value].to_numpy(), level)}
-            for key, g in df.groupby(by, sort=True, dropna=False)]
-    return pd.DataFrame(rows, columns=cols)
 
 
 def parse_slice(key: str) -> tuple[str, str]:
@@ -87,6 +43,8 @@ def runs_frame(records: list[dict]) -> pd.DataFrame:
         rows.append({
             "source": m["source"], "task": m["task"], "arch": m["arch"], "model": m.get("model", m["arch"]),
             "seed": int(m["seed"]), "train_size": int(m["train_size"]), "num_classes": m.get("num_classes"),
+            "steps": m.get("steps", b.get("optimizer_steps")), "data_seed": int(m.get("data_seed") or 0),
+            "budget_mode": m.get("budget_mode", "steps"),
             "test_acc": float(m["test_acc"]), "val_acc": m.get("val_acc"),
             "shift_consistency": m.get("shift_consistency"),
             "n_test": int(m.get("slices", {}).get("test", {}).get("n", 0)),
@@ -94,7 +52,8 @@ def runs_frame(records: list[dict]) -> pd.DataFrame:
             "teacher_arch": (m.get("teacher") or {}).get("arch"), "mlflow_run_id": m.get("mlflow_run_id"),
             "dir": m.get("dir"), "curve": m.get("curve"),
         })
-    cols = ["source", "task", "arch", "model", "seed", "train_size", "num_classes", "test_acc", "val_acc",
+    cols = ["source", "task", "arch", "model", "seed", "train_size", "num_classes", "steps", "data_seed",
+            "budget_mode", "test_acc", "val_acc",
             "shift_consistency", "n_test", *BUDGET_KEYS, *MEASURED_KEYS, "teacher_arch", "mlflow_run_id", "dir",
             "curve"]
     df = pd.DataFrame(rows, columns=cols)
@@ -115,14 +74,6 @@ def slices_frame(records: list[dict]) -> pd.DataFrame:
 
 
 # --------------------------------------------------------------------------- tables
-def accuracy_table(runs: pd.DataFrame, level: float) -> pd.DataFrame:
-    """Main grid (source ``runs``): test accuracy per task x arch over seeds, plus shift consistency mean."""
-    main = runs[runs.source == "runs"]
-    acc = summarise(main, ["task", "arch", "train_size"], "test_acc", level)
-    shift = main.groupby(["task", "arch", "train_size"], as_index=False)["shift_consistency"].mean()
-    return acc.merge(shift, on=["task", "arch", "train_size"], how="left")
-
-
 def budget_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Per source x task x arch x size: counts (identical over seeds: first) and measurements (seed mean)."""
     if runs.empty:
@@ -134,14 +85,6 @@ def budget_table(runs: pd.DataFrame) -> pd.DataFrame:
     teacher = runs.groupby(keys, as_index=False)["teacher_arch"].first()
     out = counts.merge(measured, on=keys).merge(seeds, on=keys).merge(teacher, on=keys)
     return out.sort_values(keys, kind="stable").reset_index(drop=True)
-
-
-def slice_table(slices: pd.DataFrame, level: float) -> pd.DataFrame:
-    """Main grid per task x arch x slice: accuracy over seeds and the slice's size n (test samples)."""
-    main = slices[(slices.source == "runs") & (slices.slice != "test")]  # "test" is the accuracy table
-    out = summarise(main, ["task", "arch", "factor", "value"], "acc", level)
-    sizes = main.groupby(["task", "arch", "factor", "value"], as_index=False)["n"].first()
-    return out.merge(sizes, on=["task", "arch", "factor", "value"], how="left")
 
 
 def factor_curve(table: pd.DataFrame, task: str, factor: str) -> pd.DataFrame:
@@ -160,11 +103,6 @@ def wide(curve: pd.DataFrame, x: str, columns: list[str], value: str = "mean") -
     return table.reindex(columns=columns).reset_index().rename_axis(columns=None)
 
 
-def size_curve(runs: pd.DataFrame, level: float) -> pd.DataFrame:
-    """The data-size axis (source ``curve``): test accuracy per task x arch x train_size over seeds."""
-    return summarise(runs[runs.source == "curve"], ["task", "arch", "train_size"], "test_acc", level)
-
-
 def agreement(index_a: np.ndarray, logits_a: np.ndarray, index_b: np.ndarray, logits_b: np.ndarray) -> float:
     """Fraction of shared test samples on which two models predict the same class.
 
@@ -177,9 +115,9 @@ def agreement(index_a: np.ndarray, logits_a: np.ndarray, index_b: np.ndarray, lo
     return float((logits_a[ia].argmax(-1) == logits_b[ib].argmax(-1)).mean())
 
 
-def distillation_table(runs: pd.DataFrame, agreements: pd.DataFrame, level: float) -> pd.DataFrame:
-    """Per task x arch (label-only ViT, students, teachers): accuracy over seeds, its teacher, the mean
-    agreement with every teacher (columns ``agree_<teacher>``), and shift consistency.
+def distillation_table(runs: pd.DataFrame, agreements: pd.DataFrame) -> pd.DataFrame:
+    """Per task x arch (label-only ViT, students, teachers): seeds, mean test accuracy (intervals: the accuracy
+    table), its teacher, the mean agreement with every teacher (columns ``agree_<teacher>``).
 
     agreements: rows (task, arch, source, seed, teacher, agreement) computed from predictions.npz.
     """
@@ -187,12 +125,34 @@ def distillation_table(runs: pd.DataFrame, agreements: pd.DataFrame, level: floa
         return pd.DataFrame()
     keys = ["task", "arch", "source"]
     pool = runs.merge(agreements[keys].drop_duplicates(), on=keys)
-    acc = summarise(pool, keys, "test_acc", level)
+    acc = pool.groupby(keys, as_index=False).agg(seeds=("seed", "nunique"), mean=("test_acc", "mean"),
+                                                 teacher_arch=("teacher_arch", "first"))
     agree = agreements.pivot_table(index=keys, columns="teacher", values="agreement",
                                    aggfunc="mean").add_prefix("agree_").reset_index().rename_axis(columns=None)
-    extra = pool.groupby(keys, as_index=False).agg(
-        teacher_arch=("teacher_arch", "first"), shift_consistency=("shift_consistency", "mean"))
-    return acc.merge(extra, on=keys).merge(agree, on=keys, how="left")
+    return acc.merge(agree, on=keys, how="left")
+
+
+def first_step(curve, threshold: float) -> float:
+    """First logged step whose validation accuracy reaches ``threshold`` (NaN: not reached / no curve)."""
+    for point in curve if isinstance(curve, list) else []:
+        v = point.get("val_acc")
+        if v is not None and v == v and v >= threshold:
+            return float(point["step"])
+    return math.nan
+
+
+def steps_to_reach(runs: pd.DataFrame, threshold: float, cell: list[str]) -> pd.DataFrame:
+    """Per cell: how many seeds reached ``threshold`` validation accuracy, and the median first step among them
+    ("cannot" vs "not yet" on the budget axis); ``reached`` reads "not reached" when none did."""
+    cols = [*cell, "n", "k_reached", "median_step", "reached"]
+    main = runs[runs.source == "runs"].assign(step=lambda d: [first_step(c, threshold) for c in d["curve"]])
+    rows = []
+    for key, g in main.groupby(cell, sort=True, dropna=False):
+        hit = g["step"].dropna()
+        med = float(hit.median()) if len(hit) else math.nan
+        rows.append({**dict(zip(cell, key, strict=True)), "n": len(g), "k_reached": len(hit), "median_step": med,
+                     "reached": f"step {med:.0f} ({len(hit)} of {len(g)} seeds)" if len(hit) else "not reached"})
+    return pd.DataFrame(rows, columns=cols)
 
 
 def interface_table(summary: dict) -> pd.DataFrame:

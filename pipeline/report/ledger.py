@@ -1,257 +1,263 @@
-"""The prediction ledger: what the architecture's structure predicts, fixed before any accuracy is read.
+"""The prediction ledger: minimal-pair contrasts, shortcut floors and exact checks, each decided.
 
-:func:`predictions` is a function of params and interface-stage outputs only (the reachability record and
-the budget stage's solved widths), never of a measured accuracy, so the ledger cannot be tuned to the
-results. :func:`judge` then sets each prediction beside the measured outcome and its interval:
+What is predicted is data (:data:`CONTRASTS`, :data:`FLOOR_ROWS`), fixed before any accuracy is read; a row
+exists only when both of its arms are configured in params (a pair that is not configured is not a row, so
+nothing is "untestable"). Every row is judged on item-level results:
 
-- ``equals``: the measured accuracy should equal ``value`` (e.g. chance). held if the interval contains it
-  and is at most ``decisive_width`` wide; inconclusive if it contains it but is wider; failed otherwise.
-- ``greater``: ``arch`` should beat ``other`` on the metric. The difference's interval (half-widths added in
-  quadrature) above 0: held; below 0: failed; straddling 0: inconclusive.
-- ``untestable``: the reason is stated (e.g. every pair is reachable at this depth, so reachability forbids
-  nothing), and no result is invented.
+- ``paired``: ``a - b`` on the same test items with the same seeds, hierarchical-bootstrap CI and p-value;
+- ``floor``: ``a - floor`` where floor = the task's strongest shortcut baseline (data/shortcuts/<task>/floors.json):
+  a structural limit predicts "at the shortcut floor", not "chance" (every readout here sums per-token terms);
+- ``exact``: algebra judged exactly, not by an interval (vit_nopos: twin logits equal, so accuracy on complete
+  twin pairs is exactly 0.5).
 
-Intervals: :func:`pipeline.report.aggregate.ledger_interval` (seeds and test-set sampling error).
-Levels: ``exact`` (level-1 algebra: a violation would be a bug) vs ``qualitative`` (a structural expectation
-or a literature finding that training may or may not reproduce at our scale).
+Holm's correction runs over every row with a p-value; each row ends held / failed / equivalent /
+underpowered (with the seeds needed) -- or "not run" when its runs are missing.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 
+import numpy as np
 import pandas as pd
 
-from pipeline.config import Params
-from pipeline.report.aggregate import ledger_interval
+from pipeline.report import aggregate as agg
+from pipeline.report import cells, stats
 
-VIT_PATCH_ARCHS = ("vit", "vit_nopos", "vit_sincos", "deit", "deit_vit")  # a linear P x P patch projection
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """One ledger entry. ``metric`` is a slice key of metrics.json (``test``, ``slice/...``) or
-    ``shift_consistency``; ``other`` is the arch a ``greater`` prediction compares against."""
-
-    id: str
-    claim: str
-    level: str  # "exact" | "qualitative"
-    basis: str  # what the prediction follows from
-    kind: str  # "equals" | "greater" | "untestable"
-    task: str = ""
-    arch: str = ""
-    metric: str = "test"
-    value: float = math.nan
-    other: str = ""
-    reason: str = ""  # why untestable
-
-
-def _cell_range(d: int, p: int) -> tuple[int, int]:
-    """Pixel Chebyshev distances between any pixels of two marks in cells ``d`` cells apart (cell = P px)."""
-    return max(1, (d - 1) * p + 1), (d + 1) * p - 1
-
-
-def reachability_predictions(params: Params, reach: dict | None, archs: list[str]) -> list[Prediction]:
-    """Relation task: a mark pair the mask graph cannot connect within the depth is at chance (exact).
-
-    reach: data/interface/reachability.json (per arch: ``by_distance`` rows with ``chebyshev`` in px and
-    ``reachable`` = fraction of pixel pairs that meet). A cell distance d is *unreachable* when no pixel pair
-    in its range meets, *connected* when every one does. Connected distances forbid nothing: no prediction.
-    """
-    if "relation" not in params.train.tasks:
-        return []
-    if not reach:
-        return [Prediction("reach", "reachability limits relation accuracy", "exact", "interface reachability",
-                           "untestable", task="relation", reason="data/interface/reachability.json missing")]
-    p, g = params.geometry.patch_size, params.geometry.grid
-    out = []
-    for arch in archs:
-        rec = reach.get("archs", {}).get(arch)
-        if rec is None:
-            continue
-        frac = {int(r["chebyshev"]): float(r["reachable"]) for r in rec["by_distance"]}
-        connected = []
-        for d in range(1, g):
-            lo, hi = _cell_range(d, p)
-            vals = [frac.get(c, 0.0) for c in range(lo, hi + 1) if c in frac]
-            if vals and max(vals) == 0.0:
-                out.append(Prediction(
-                    f"reach.{arch}.d{d}", f"{arch} is at chance (0.5) on relation marks {d} cells apart",
-                    "exact", f"interface reachability: no pixel pair {lo}-{hi} px apart meets within depth "
-                    f"{rec['depth']}", "equals", "relation", arch, f"slice/distance_tokens={d}", 0.5))
-            elif vals and min(vals) == 1.0:
-                connected.append(d)
-        if connected:
-            out.append(Prediction(
-                f"reach.{arch}", f"{arch}: reachability bounds relation accuracy at distances {connected} cells",
-                "exact", f"interface reachability: every pixel pair meets by layer {rec['layers_for_all_pairs']} "
-                f"of {rec['depth']}", "untestable", "relation", arch,
-                reason="not testable at these params: every mark pair is connectable within the depth, so "
-                       "reachability forbids nothing"))
-    return out
-
-
-def collision_predictions(params: Params, widths: dict[str, int] | None, archs: list[str]) -> list[Prediction]:
-    """A patch projection narrower than P*P*C maps some distinct patches to one token (exact, level 1)."""
-    big_d = params.geometry.patch_size ** 2 * params.geometry.channels
-    out = []
-    for arch in archs:
-        if arch not in VIT_PATCH_ARCHS:
-            continue
-        d = (widths or {}).get("deit" if arch.startswith("deit") else arch)
-        if d is None:
-            reason = "width unknown (reports/budget/architectures.csv missing)"
-        elif d >= big_d:
-            reason = (f"not testable: embedding width d={d} >= P*P*C={big_d}, so the trained projection is "
-                      "generically injective and no collision pair exists")
-        else:
-            reason = (f"holds by algebra (null space of dimension >= {big_d - d}, confirmed by the interface "
-                      "stage on random weights); not testable on trained models here: main-grid runs keep no "
-                      "weights")
-        out.append(Prediction(f"collision.{arch}", f"{arch}: two different images give identical predictions",
-                              "exact", "null space of the linear patch embedding", "untestable", arch=arch,
-                              reason=reason))
-    return out
-
-
-def predictions(params: Params, reach: dict | None = None, widths: dict[str, int] | None = None) -> list[Prediction]:
-    """Every ledger entry for this configuration (a function of params + interface outputs only)."""
-    tasks = set(params.train.tasks)
-    archs = list(params.train.archs)
-    students = dict(params.distill.students)
-    has = set(archs)
-    out: list[Prediction] = []
-    if "arrangement" in tasks and "vit_nopos" in has:
-        out.append(Prediction(
-            "chance.vit_nopos.arrangement", "vit_nopos is exactly at chance (0.5) on arrangement", "exact",
-            "interface: no-position ViT with mean readout has permutation-invariant logits; arrangement "
-            "twins are exact patch permutations with opposite labels", "equals", "arrangement", "vit_nopos",
-            "test", 0.5))
-    out += reachability_predictions(params, reach, archs)
-    out += collision_predictions(params, widths, archs + [s for s in students if s not in has])
-
-    def greater(pid: str, claim: str, basis: str, task: str, a: str, b: str, metric: str = "test") -> None:
-        if task in tasks and a in has | set(students) and b in has | set(students):
-            out.append(Prediction(pid, claim, "qualitative", basis, "greater", task, a, metric, other=b))
-
-    greater("ood.resnet_vs_vit", "resnet beats vit on alignment offsets outside the training range",
-            "convolution is translation-equivariant; a patch projection is not", "alignment", "resnet", "vit",
-            "slice/ood")
-    greater("shift.resnet_vs_vit", "resnet's prediction survives a 1-px shift more often than vit's",
-            "convolution is translation-equivariant; a patch projection is not", "alignment", "resnet", "vit",
-            "shift_consistency")
-    greater("ood.resnet_vs_vit.scale", "resnet beats vit on object sizes unseen in training",
-            "multi-scale receptive fields vs a fixed patch grid", "scale", "resnet", "vit", "slice/ood")
-    greater("window.swin_vs_noshift", "swin beats swin_noshift when the marks sit in different windows",
-            "shifted windows connect neighbouring windows in fewer layers (interface reachability)",
-            "relation", "swin", "swin_noshift", "slice/window=cross")
-    greater("position.vit_vs_nopos", "vit (learned position) beats vit_nopos on arrangement",
-            "only a position signal breaks permutation invariance", "arrangement", "vit", "vit_nopos")
-    dtasks = [t for t in params.distill.tasks if t in tasks]
-    for t in dtasks:
-        for student, teacher in students.items():
-            if teacher == "resnet":
-                greater(f"distill.{student}_vs_vit.{t}", f"{student} (distilled from resnet) beats label-only "
-                        f"vit on {t}", "DeiT: a convnet teacher transfers its bias", t, student, "vit")
-        cnn = [s for s, te in students.items() if te == "resnet"]
-        vitt = [s for s, te in students.items() if te != "resnet"]
-        if cnn and vitt:
-            greater(f"distill.teacher_type.{t}", f"{cnn[0]} (CNN teacher) beats {vitt[0]} (ViT teacher) on {t}",
-                    "DeiT: a convnet teacher beats a transformer teacher", t, cnn[0], vitt[0])
-    return out
-
-
-# --------------------------------------------------------------------------- judging
-def measure(runs: pd.DataFrame, slices: pd.DataFrame, task: str, arch: str, metric: str,
-            level: float) -> dict | None:
-    """The measured interval of one arch on one task's metric (main grid, students included), or None."""
-    if metric == "shift_consistency":
-        sub = runs[(runs.source == "runs") & (runs.task == task) & (runs.arch == arch)]
-        values, n = sub["shift_consistency"].to_numpy(), int(sub["n_test"].max()) if len(sub) else 0
-    else:
-        sub = slices[(slices.source == "runs") & (slices.task == task) & (slices.arch == arch)
-                     & (slices.slice == metric)]
-        values, n = sub["acc"].to_numpy(), int(sub["n"].max()) if len(sub) else 0
-    if not len(sub):
-        return None
-    return ledger_interval(values, n, level)
-
-
-def verdict(pred: Prediction, a: dict | None, b: dict | None, decisive_width: float) -> tuple[str, float, float,
-                                                                                              float]:
-    """(verdict, estimate, lo, hi): the estimate is the measured mean (equals) or the difference (greater)."""
-    if pred.kind == "untestable":
-        return "untestable", math.nan, math.nan, math.nan
-    if a is None or (pred.kind == "greater" and b is None):
-        return "not run", math.nan, math.nan, math.nan
-    if pred.kind == "equals":
-        lo, hi = a["ci_lo"], a["ci_hi"]
-        if not lo <= pred.value <= hi:
-            return "failed", a["mean"], lo, hi
-        return ("held" if hi - lo <= decisive_width else "inconclusive"), a["mean"], lo, hi
-    diff = a["mean"] - b["mean"]
-    half = math.hypot(a["half"], b["half"])
-    lo, hi = diff - half, diff + half
-    return ("held" if lo > 0 else "failed" if hi < 0 else "inconclusive"), diff, lo, hi
-
-
-def judge(preds: list[Prediction], runs: pd.DataFrame, slices: pd.DataFrame, level: float,
-          decisive_width: float) -> pd.DataFrame:
-    """One ledger row per prediction: the prediction, the measured estimate with its interval, the verdict."""
-    rows = []
-    for pred in preds:
-        a = measure(runs, slices, pred.task, pred.arch, pred.metric, level) if pred.kind != "untestable" else None
-        b = measure(runs, slices, pred.task, pred.other, pred.metric, level) if pred.kind == "greater" else None
-        v, est, lo, hi = verdict(pred, a, b, decisive_width)
-        rows.append({**asdict(pred), "verdict": v, "estimate": est, "ci_lo": lo, "ci_hi": hi,
-                     "seeds": a["n"] if a else 0})
-    return pd.DataFrame(rows)
-
-
-def agreement_rate(ledger: pd.DataFrame) -> dict[str, int | float]:
-    """Counts per verdict and the share of decided predictions (held or failed) that held."""
-    counts = {v: int((ledger.verdict == v).sum()) if len(ledger) else 0
-              for v in ("held", "failed", "inconclusive", "untestable", "not run")}
-    decided = counts["held"] + counts["failed"]
-    return {**counts, "held_of_decided": counts["held"] / decided if decided else math.nan}
-
-
-# --------------------------------------------------------------------------- literature anchors (DESIGN.md s5)
-# (anchor, what the paper reports, task our comparison uses ("distill" = mean over distill.tasks), archs)
-ANCHORS = (
-    ("ViT paper, position ablation (ViT-B/16, ImageNet 5-shot linear)", "none 0.614, 1D 0.642, 2D 0.640",
-     "natural", ("vit_nopos", "vit", "vit_sincos")),
-    ("DeiT (ImageNet-1k, 300 epochs), Ti", "no distillation 72.2, distillation token 74.5; a convnet teacher "
-     "beats a transformer teacher (DeiT-B)", "distill", ("vit", "deit", "deit_vit")),
-    ("Swin-T ablation (ImageNet)", "no shift 80.2, shifted 81.3", "natural", ("swin_noshift", "swin")),
-    ("Small data, CIFAR-10, ~800k-param ViT", "no position ~80%, learned 86.5%", "natural", ("vit_nopos", "vit")),
+# a - b on `subset` of each task; expect "+" (a beats b) or "0" (no effect); `finding` groups rows for the README.
+CONTRASTS = (
+    {"id": "alignment.stride", "finding": "alignment", "a": "resnet_s1", "b": "resnet", "tasks": ("alignment",),
+     "subset": "slice/ood", "expect": "+", "isolates": "strided subsampling (every stride 1 vs 1/2/2)"},
+    {"id": "alignment.convstem", "finding": "alignment", "a": "vit_convstem", "b": "vit", "tasks": ("alignment",),
+     "subset": "slice/ood", "expect": "+", "isolates": "patchify projection vs overlapping conv stem"},
+    {"id": "alignment.overlap", "finding": "alignment", "a": "vit_overlap", "b": "vit", "tasks": ("alignment",),
+     "subset": "slice/ood", "expect": "+", "isolates": "non-overlapping vs overlapping patches"},
+    {"id": "alignment.antialias", "finding": "alignment", "a": "resnet_aa", "b": "resnet", "tasks": ("alignment",),
+     "subset": "slice/ood", "expect": "+", "isolates": "aliased vs BlurPool downsampling"},
+    {"id": "alignment.resnet_vs_vit", "finding": "alignment", "a": "resnet", "b": "vit", "tasks": ("alignment",),
+     "subset": "slice/ood", "expect": "+", "isolates": "convolution vs patch projection (many differences)"},
+    {"id": "scale.resnet_vs_vit", "finding": "scale", "a": "resnet", "b": "vit", "tasks": ("scale",),
+     "subset": "slice/ood", "expect": "+", "isolates": "multi-scale receptive fields vs a fixed patch grid"},
+    {"id": "arrangement.sincos", "finding": "arrangement", "a": "vit_sincos", "b": "vit", "tasks": ("arrangement",),
+     "subset": "test", "expect": "+", "isolates": "fixed 2D sin-cos vs learned (random init) position"},
+    {"id": "arrangement.sincos_init", "finding": "arrangement", "a": "vit_sincos_init", "b": "vit",
+     "tasks": ("arrangement",), "subset": "test", "expect": "+",
+     "isolates": "learned position initialised from sin-cos vs from random"},
+    {"id": "arrangement.fixed_vs_learned", "finding": "arrangement", "a": "vit_sincos_init", "b": "vit_sincos",
+     "tasks": ("arrangement",), "subset": "test", "expect": "0",
+     "isolates": "fixed vs learnable, same initial sin-cos code"},
+    {"id": "arrangement.position", "finding": "arrangement", "a": "vit", "b": "vit_nopos", "tasks": ("arrangement",),
+     "subset": "test", "expect": "+", "isolates": "learned position vs none"},
+    {"id": "relation.shift", "finding": "relation", "a": "swin", "b": "swin_noshift", "tasks": ("relation",),
+     "subset": "slice/window=cross", "expect": "+", "isolates": "shifted vs fixed windows, marks across windows"},
+    {"id": "natural.position", "finding": "natural", "a": "vit", "b": "vit_nopos", "tasks": ("natural",),
+     "subset": "test", "expect": "+", "isolates": "learned 1D position vs none (ViT paper, Table 8)"},
+    {"id": "natural.sincos", "finding": "natural", "a": "vit_sincos", "b": "vit", "tasks": ("natural",),
+     "subset": "test", "expect": "0", "isolates": "2D sin-cos vs learned 1D position (ViT paper: equal)"},
+    {"id": "natural.resnet_vs_vit", "finding": "natural", "a": "resnet", "b": "vit", "tasks": ("natural",),
+     "subset": "test", "expect": "+", "isolates": "CNN vs ViT on small natural-image data (data-size reversal)"},
+    {"id": "distill.teacher", "finding": "distillation", "a": "deit", "b": "deit_labels", "tasks": None,
+     "subset": "test", "expect": "+", "isolates": "CNN teacher vs labels only (same DeiT tokens and readout)"},
+    {"id": "distill.readout", "finding": "distillation", "a": "deit_labels", "b": "vit", "tasks": None,
+     "subset": "test", "expect": "0", "isolates": "DeiT class+distillation tokens vs mean-pool readout"},
+    {"id": "distill.teacher_type", "finding": "distillation", "a": "deit", "b": "deit_vit", "tasks": None,
+     "subset": "test", "expect": "+", "isolates": "CNN vs ViT teacher"},
 )
+# Predicted "at the shortcut floor" (one arm vs the task's floor; `exclude` = baselines that are the arm itself).
+FLOOR_ROWS = (
+    {"id": "reach.swin_local", "finding": "relation", "a": "swin_local", "tasks": ("relation",),
+     "subset": "slice/window=cross", "exclude": (),
+     "isolates": "reachability: one windowed stage without shift never joins marks in different windows"},
+    {"id": "floor.nomix", "finding": "floors", "a": "nomix", "tasks": ("alignment", "scale", "relation",
+                                                                        "arrangement", "natural"),
+     "subset": "test", "exclude": ("nomix",), "isolates": "no token mixing at all"},
+)
+VERDICTS = ("held", "failed", "equivalent", "underpowered", "not run")
+# The README's findings, in this order (at most five are shown).
+FINDINGS = ("alignment", "arrangement", "relation", "distillation", "natural", "scale", "budget", "floors")
 
 
-def _fmt(mean: float, lo: float, hi: float) -> str:
-    return f"{mean:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if hi == hi else " (1 seed)")
+def configured_cells(params) -> dict[str, set[str]]:
+    """arch -> tasks it is configured on (train.archs, distill students); tolerant of both the old
+    (``arch: section``) and the new (``arch: {models, tasks}``) layout of train.archs."""
+    t, d = params.train, params.distill
+    out: dict[str, set[str]] = {}
+    for arch, spec in dict(t.archs).items():
+        tasks = getattr(spec, "tasks", None) or (spec.get("tasks") if isinstance(spec, dict) else None)
+        out[arch] = set(tasks or getattr(t, "tasks", []))
+    for student in dict(d.students):
+        out.setdefault(student, set()).update(d.tasks)
+    return out
 
 
-def anchors_table(acc: pd.DataFrame, distill_tasks: list[str], interface_key: dict) -> pd.DataFrame:
-    """Literature anchors beside what our (far smaller) runs show; ``acc`` is the accuracy table."""
+def plan(params) -> list[dict]:
+    """Every ledger row for this configuration (a function of params only)."""
+    conf = configured_cells(params)
     rows = []
-    for anchor, paper, task, archs in ANCHORS:
-        parts = []
-        for arch in archs:
-            if task == "distill":
-                sub = acc[(acc.arch == arch) & acc.task.isin(distill_tasks)]
-                if len(sub):  # a plain mean over tasks: no interval claimed across different tasks
-                    parts.append(f"{arch} {sub['mean'].mean():.3f} (mean of {len(sub)} tasks)")
-            else:
-                sub = acc[(acc.arch == arch) & (acc.task == task)]
-                if len(sub):
-                    r = sub.iloc[0]
-                    parts.append(f"{arch} {_fmt(r['mean'], r['ci_lo'], r['ci_hi'])}")
-        where = "controlled tasks " + ", ".join(distill_tasks) if task == "distill" else task
-        rows.append({"anchor": anchor, "paper": paper, "ours": "; ".join(parts) or "not run", "our_task": where})
-    pairs = interface_key.get("pairs_224_p16_global")
-    rows.append({"anchor": "Pair counts at 224 px, P=16", "paper": "196 tokens, 38,416 global pairs",
-                 "ours": f"{pairs:,.0f} global pairs (analytic count, interface stage)" if pairs else "not run",
-                 "our_task": "interface"})
-    return pd.DataFrame(rows)
+    for c in CONTRASTS:
+        for task in c["tasks"] or params.distill.tasks:
+            if task in conf.get(c["a"], ()) and task in conf.get(c["b"], ()):
+                rows.append({**c, "id": f"{c['id']}.{task}", "task": task, "kind": "paired"})
+    for f in FLOOR_ROWS:
+        rows += [{**f, "id": f"{f['id']}.{task}", "task": task, "b": "floor", "kind": "floor", "expect": "<="}
+                 for task in f["tasks"] if task in conf.get(f["a"], ())]
+    if "arrangement" in conf.get("vit_nopos", ()):
+        rows.append({"id": "exact.vit_nopos.twins", "finding": "arrangement", "a": "vit_nopos", "b": "",
+                     "task": "arrangement", "subset": "test", "kind": "exact", "expect": "= 0.5",
+                     "isolates": "no position + mean readout: permutation-invariant logits, twins are permutations"})
+    return rows
+
+
+def budget_rows(runs: pd.DataFrame, config: dict) -> list[dict]:
+    """The budget axis: every (task, arch) also trained under another budget than the main grid's (more steps,
+    or ``budget_mode: flops``) at the same size and data gives a row "that budget - main budget" on the same
+    items and seeds ("cannot" vs "not yet"; step- vs FLOP-matched side by side)."""
+    if not config:
+        return []
+    same = runs[(runs.source == "runs") & (runs.data_seed == 0) & (runs.train_size == config["train_size"])]
+    rows = []
+    for (task, arch), g in same.groupby(["task", "arch"], sort=True):
+        alts = g[["steps", "budget_mode"]].drop_duplicates()
+        for steps, mode in sorted(alts.itertuples(index=False, name=None), key=str):
+            if (steps, mode) == (config["steps"], config["budget_mode"]):
+                continue
+            rows.append({"id": f"budget.{arch}.{task}.{mode}{int(steps)}", "finding": "budget", "a": arch,
+                         "b": arch, "a_cfg": {"steps": steps, "budget_mode": mode}, "task": task, "subset": "test",
+                         "kind": "paired", "expect": "+", "isolates": f"training budget: {int(steps)} steps "
+                         f"({mode}-matched) vs {int(config['steps'])} ({config['budget_mode']}-matched)"})
+    return rows
+
+
+def budget_context(reach: pd.DataFrame, row: dict, config: dict) -> str:
+    """"<steps> steps: step N (k of n seeds)" or "not reached", for both arms of a budget row."""
+    parts = []
+    for steps in (config["steps"], row["a_cfg"]["steps"]):
+        sub = reach[(reach.task == row["task"]) & (reach.arch == row["a"]) & (reach.steps == steps)
+                    & (reach.data_seed == 0) & (reach.train_size == config["train_size"])]
+        if len(sub):
+            parts.append(f"{int(steps)} steps: {sub.reached.iloc[0]}")
+    return "; ".join(parts)
+
+
+def floor_of(floors: dict, task: str, exclude: tuple[str, ...] = ()) -> tuple[float, str]:
+    """(floor accuracy, baseline name) of a task, leaving out the ``exclude`` baselines; NaN when absent."""
+    base = {k: v for k, v in (floors.get(task) or {}).get("baselines", {}).items() if k not in exclude}
+    if not base:
+        rec = floors.get(task) or {}
+        return (float(rec["floor"]), rec.get("floor_baseline", "")) if "floor" in rec and not exclude \
+            else (math.nan, "")
+    name = max(base, key=lambda k: base[k]["acc"])
+    return float(base[name]["acc"]), name
+
+
+def _empty(row: dict) -> dict:
+    return {"seeds": 0, "items": 0, "estimate": math.nan, "ci_lo": math.nan, "ci_hi": math.nan, "p": math.nan}
+
+
+def measure(row: dict, runs: pd.DataFrame, items: cells.Items, config: dict, floors: dict, rp, seed: int) -> dict:
+    """The measured side of one planned row (before Holm and the verdict)."""
+    subset = items.subset(row["task"], row["subset"])
+    a_rows = cells.select(runs, row["task"], row["a"], {**config, **row.get("a_cfg", {})})
+    floor, floor_name = floor_of(floors, row["task"], row.get("exclude", ()))
+    out = {**_empty(row), "floor": floor, "floor_baseline": floor_name}
+    if row["kind"] == "paired":
+        b_rows = cells.select(runs, row["task"], row["b"], config)
+        seeds = sorted(set(a_rows.seed) & set(b_rows.seed))
+        ga, gb = items.matrix(a_rows, subset, seeds), items.matrix(b_rows, subset, seeds)
+        if ga is None or gb is None or ga[1].shape != gb[1].shape:
+            return out
+        d = stats.paired_difference(ga[1], gb[1], rp.bootstrap_samples, seed, rp.confidence)
+        return {**out, **{k: d[k] for k in ("seeds", "items", "estimate", "ci_lo", "ci_hi", "p")}}
+    if row["kind"] == "floor":
+        got = items.matrix(a_rows, subset)
+        if got is None or floor != floor:
+            return out
+        d = stats.paired_difference(got[1], np.full_like(got[1], floor), rp.bootstrap_samples, seed,
+                                    rp.confidence)
+        return {**out, **{k: d[k] for k in ("seeds", "items", "estimate", "ci_lo", "ci_hi", "p")}}
+    return {**out, **exact_twins(a_rows, items, row["task"])}
+
+
+def exact_twins(rows: pd.DataFrame, items: cells.Items, task: str) -> dict:
+    """Exact row: per seed, twin logits equal and accuracy on complete twin pairs exactly 0.5."""
+    pool = items.pools.get(task)
+    checks = []
+    for d in rows.sort_values("seed")["dir"]:
+        if pool is None or (got := items.runs.get(d)) is None:
+            continue
+        index, _, logits = got
+        twins = cells.twin_ids(task, index, pool["factors"])
+        if twins is not None:
+            checks.append(cells.twin_check(index, logits, pool["labels"], twins))
+    checks = [c for c in checks if c["pairs"]]
+    if not checks:
+        return {}
+    accs = [c["pair_acc"] for c in checks]
+    ok = all(c["equal"] for c in checks) and all(a == 0.5 for a in accs)
+    return {"seeds": len(checks), "items": 2 * checks[0]["pairs"], "estimate": float(np.mean(accs)),
+            "ci_lo": min(accs), "ci_hi": max(accs), "exact": ok,
+            "max_logit_diff": max(c["max_logit_diff"] for c in checks)}
+
+
+def decide(table: pd.DataFrame, rp) -> pd.DataFrame:
+    """Holm over the rows with a p-value, then each row's verdict and (if underpowered) the seeds needed."""
+    alpha = 1 - rp.confidence
+    t = table.copy()
+    t["p_holm"] = stats.holm(t["p"].to_numpy(dtype=float))
+    verdicts, needed = [], []
+    for r in t.itertuples():
+        if r.seeds == 0:
+            v = "not run"
+        elif r.kind == "exact":
+            v = "held" if r.exact else "failed"
+        else:
+            v = stats.verdict(r.ci_lo, r.ci_hi, r.p_holm, r.expect, rp.equivalence_margin, alpha)
+        verdicts.append(v)
+        needed.append(stats.seeds_needed(r.seeds, r.ci_lo, r.ci_hi, r.estimate, rp.equivalence_margin)
+                      if v == "underpowered" else None)
+    t["verdict"], t["needs_seeds"] = verdicts, pd.array(needed, dtype="Int64")
+    return t
+
+
+def judge(params, runs: pd.DataFrame, items: cells.Items, floors: dict, disagreement: dict,
+          seed: int) -> pd.DataFrame:
+    """The ledger: one row per planned prediction with its measurement, Holm p-value and verdict."""
+    rp, config = params.report, cells.main_config(runs)
+    rows = []
+    reach = agg.steps_to_reach(runs, rp.escape_threshold, cells.CELL)
+    for row in plan(params) + budget_rows(runs, config):
+        m = measure(row, runs, items, config, floors, rp, seed)
+        ctx = ""
+        if row["finding"] == "budget":
+            ctx = budget_context(reach, row, config)
+        if row["id"].startswith("distill.teacher"):
+            rates = {t: r for (t, task), r in disagreement.items() if task == row["task"]}
+            ctx = ", ".join(f"{t} teacher disagrees with labels on {r:.1%}" for t, r in sorted(rates.items()))
+        rows.append({"id": row["id"], "finding": row["finding"], "kind": row["kind"], "task": row["task"],
+                     "a": row["a"], "b": row["b"], "subset": row["subset"], "expect": row["expect"],
+                     "isolates": row["isolates"], "exact": False, "max_logit_diff": math.nan, **m,
+                     "context": ctx})
+    cols = ["id", "finding", "kind", "task", "a", "b", "subset", "expect", "isolates", "seeds", "items",
+            "estimate", "ci_lo", "ci_hi", "p", "floor", "floor_baseline", "exact", "max_logit_diff", "context"]
+    table = pd.DataFrame(rows, columns=cols)
+    if table.empty:
+        return table.assign(p_holm=[], verdict=[], needs_seeds=[])
+    return decide(table, rp)
+
+
+def counts(ledger: pd.DataFrame) -> dict[str, int]:
+    """Rows per verdict (every verdict named, zeros included)."""
+    return {v: int((ledger.verdict == v).sum()) if len(ledger) else 0 for v in VERDICTS}
+
+
+def leads(ledger: pd.DataFrame) -> list[tuple[str, pd.DataFrame, pd.Series]]:
+    """(finding, its rows, its lead row) in :data:`FINDINGS` order; the lead is the group's first row with
+    data (rows keep the order of :data:`CONTRASTS`, primary minimal pair first), never picked by outcome."""
+    if ledger.empty:
+        return []
+    order = {name: i for i, name in enumerate(FINDINGS)}
+    out = []
+    for name, g in sorted(ledger.groupby("finding", sort=False), key=lambda kv: order.get(kv[0], len(order))):
+        ran = g[g.verdict != "not run"]
+        out.append((name, g, (ran if len(ran) else g).iloc[0]))
+    return out

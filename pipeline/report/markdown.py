@@ -1,4 +1,7 @@
-"""Markdown: table pages and the generated ``reports/README.md`` (every sentence computed from the numbers)."""
+"""Markdown: table pages and the generated ``reports/README.md`` (every sentence computed from the numbers).
+
+Every table is rendered one way, :func:`md_table` (``DataFrame.to_markdown``).
+"""
 
 from __future__ import annotations
 
@@ -7,107 +10,128 @@ import math
 import pandas as pd
 
 from pipeline.report.aggregate import CI_METHOD
+from pipeline.report.ledger import leads
+
+MAX_FINDINGS = 5
 
 
-def ci_text(mean: float, lo: float, hi: float, n: int) -> str:
-    """``0.850 [0.215, 1.485]``, or ``0.850 (1 seed: no CI)``; ``not run`` for a missing mean."""
+def md_table(df: pd.DataFrame, empty: str = "not run") -> str:
+    """The one Markdown rendering of a table (or why it is empty)."""
+    return df.to_markdown(index=False, floatfmt=".4g") if len(df) else f"_{empty}_"
+
+
+def ci_text(mean: float, lo: float, hi: float, sign: bool = False) -> str:
+    """``0.850 [0.815, 0.880]``; ``0.850 (no CI)`` without an interval; ``not run`` for a missing mean."""
     if mean != mean:
         return "not run"
-    if n < 2 or lo != lo:
-        return f"{mean:.3f} ({n} seed: no CI)"
-    return f"{mean:.3f} [{lo:.3f}, {hi:.3f}]"
+    f = "{:+.3f}" if sign else "{:.3f}"
+    return f.format(mean) + (f" [{f.format(lo)}, {f.format(hi)}]" if lo == lo else " (no CI)")
 
 
 def table_page(title: str, note: str, df: pd.DataFrame, empty: str = "not run") -> str:
     """A Markdown page: title, what the numbers are (level, convention), the table (or why it is empty)."""
-    body = df.to_markdown(index=False, floatfmt=".4g") if len(df) else f"_{empty}_"
-    return f"# {title}\n\n{note}\n\n{body}\n"
+    return f"# {title}\n\n{note}\n\n{md_table(df, empty)}\n"
 
 
-def accuracy_matrix(acc: pd.DataFrame) -> pd.DataFrame:
-    """task x arch of ``mean [lo, hi]`` strings (the reading view of the accuracy table)."""
-    if acc.empty:
+def floors_line(floors: dict[str, dict]) -> str:
+    """One line with every task's shortcut floor (printed beside every accuracy table)."""
+    if not floors:
+        return "Shortcut floors: not computed (no data/shortcuts/<task>/floors.json)."
+    parts = [f"{t} {r.get('floor', math.nan):.3f} ({r.get('floor_baseline', '?')}; chance {r.get('chance', 0):.3f})"
+             for t, r in sorted(floors.items())]
+    return "Shortcut floors (best baseline that does not use the task's factor): " + "; ".join(parts) + "."
+
+
+def floor_flags(floors: dict[str, dict], ceiling: float = 1.0, near: float = 0.1) -> list[str]:
+    """Tasks whose floor is within ``near`` of the ceiling: they do not measure their factor."""
+    return [t for t, r in sorted(floors.items()) if r.get("floor", 0) >= ceiling - near]
+
+
+def accuracy_matrix(cells: pd.DataFrame) -> pd.DataFrame:
+    """task x arch of ``mean [lo, hi]`` strings (the main grid's reading view), with "k/n" on bimodal cells."""
+    if cells.empty:
         return pd.DataFrame()
-    cells = acc.assign(cell=[ci_text(r["mean"], r.ci_lo, r.ci_hi, r.n) for _, r in acc.iterrows()])
-    return cells.pivot(index="task", columns="arch", values="cell").fillna("not run").reset_index() \
-        .rename_axis(columns=None)
+
+    def cell(r) -> str:
+        text = ci_text(r["mean"], r.ci_lo, r.ci_hi)
+        return text + (f" ({r.k_escaped}/{r.n} escaped{'; needs more seeds' if 'more' in r.note else ''})"
+                       if r.bimodal else "")
+
+    view = cells.assign(cell=[cell(r) for _, r in cells.iterrows()])
+    return view.pivot_table(index="task", columns="arch", values="cell", aggfunc="first").fillna("not run") \
+        .reset_index().rename_axis(columns=None)
 
 
 def ledger_view(ledger: pd.DataFrame) -> pd.DataFrame:
-    """The ledger's reading view: claim, level, measured estimate with its interval, verdict, basis/reason."""
+    """The ledger's reading view: the prediction, the measured difference with CI, Holm p, floor, verdict."""
     if ledger.empty:
         return ledger
 
+    def what(r) -> str:
+        if r.kind == "exact":
+            return f"{r.a}: twin-pair accuracy = 0.5 exactly, twin logits equal"
+        other = f"floor ({r.floor_baseline})" if r.kind == "floor" else r.b
+        claim = {"+": "> 0", "0": "= 0 (within the margin)", "<=": "<= 0 (at most the floor)"}[r.expect]
+        return f"{r.a} - {other} on {r.subset} {claim}"
+
     def measured(r) -> str:
-        if r.verdict in ("untestable", "not run"):
+        if r.verdict == "not run":
             return "-"
-        what = "difference" if r.kind == "greater" else "accuracy"
-        return f"{what} {r.estimate:+.3f} [{r.ci_lo:+.3f}, {r.ci_hi:+.3f}] ({r.seeds} seeds)"
+        if r.kind == "exact":
+            return f"pair accuracy {r.estimate:.4f} (min {r.ci_lo:.4f}, max {r.ci_hi:.4f}); max logit diff " \
+                   f"{r.max_logit_diff:.2g} ({r.seeds} seeds)"
+        return f"{ci_text(r.estimate, r.ci_lo, r.ci_hi, sign=True)}; Holm p {r.p_holm:.3g} ({r.seeds} seeds, " \
+               f"{r['items']} items)"
 
-    return pd.DataFrame({"id": ledger["id"], "prediction": ledger["claim"], "level": ledger["level"],
-                         "measured (95% interval)": [measured(r) for r in ledger.itertuples()],
-                         "verdict": ledger["verdict"],
-                         "basis / why not testable": [r.reason or r.basis for r in ledger.itertuples()]})
+    def verdict(r) -> str:
+        return f"underpowered: needs {r.needs_seeds} seeds" if r.verdict == "underpowered" else r.verdict
+
+    return pd.DataFrame({"id": ledger["id"], "task": ledger["task"],
+                         "prediction": [what(r) for _, r in ledger.iterrows()],
+                         "isolates": ledger["isolates"],
+                         "measured (95% CI)": [measured(r) for _, r in ledger.iterrows()],
+                         "shortcut floor": [f"{f:.3f}" if f == f else "n/a" for f in ledger["floor"]],
+                         "verdict": [verdict(r) for _, r in ledger.iterrows()],
+                         "context": ledger["context"]})
 
 
-def findings(acc: pd.DataFrame, chance: dict[str, float], ledger_counts: dict, interface: pd.DataFrame,
-             distill: pd.DataFrame) -> list[str]:
-    """A few sentences, each generated from a table (no hand-written claims)."""
+def findings(ledger: pd.DataFrame) -> list[str]:
+    """At most five findings, one per ledger ``finding`` group: its lead minimal pair with its difference and
+    CI, the shortcut floor and the group's rows; refuted when the lead failed or a control in the group
+    failed. Generated from the ledger only."""
     out = []
-    total = interface[interface.family == "all"]
-    if len(total) and total.iloc[0].checked:
-        r = total.iloc[0]
-        out.append(f"Level 1 (exact): {r.held} of {r.checked} interface checks held "
-                   "([interface report](interface/interface.md)).")
-    for task, g in acc.groupby("task", sort=True):
-        g = g.sort_values("mean", ascending=False)
-        best, worst = g.iloc[0], g.iloc[-1]
-        c = chance.get(task)
-        above = g[g.ci_lo > c] if c is not None else g.iloc[0:0]
-        out.append(f"Level 2, {task}: best {best.arch} {ci_text(best['mean'], best.ci_lo, best.ci_hi, best.n)}, "
-                   f"worst {worst.arch} {ci_text(worst['mean'], worst.ci_lo, worst.ci_hi, worst.n)}"
-                   + (f" (chance {c:.3f}; {len(above)} of {len(g)} architectures have a CI above chance)."
-                      if c is not None else "."))
-    if not distill.empty and "vit" in set(distill.arch):
-        for task, g in distill[distill.source == "runs"].groupby("task", sort=True):
-            base = g[g.arch == "vit"]
-            if base.empty:
-                continue
-            diffs = ", ".join(f"{r.arch} {r['mean'] - base.iloc[0]['mean']:+.3f}" for _, r in g.iterrows()
-                              if r.arch != "vit")
-            if diffs:
-                out.append(f"Distillation, {task}: test accuracy minus label-only vit: {diffs}.")
-    lc = ledger_counts
-    decided = lc["held"] + lc["failed"]
-    share = f" ({lc['held_of_decided']:.0%} of decided)" if decided else ""
-    out.append(f"Prediction ledger: {lc['held']} held, {lc['failed']} failed{share}, {lc['inconclusive']} "
-               f"inconclusive, {lc['not run']} not run, {lc['untestable']} untestable at these params.")
+    for name, g, lead in leads(ledger)[:MAX_FINDINGS]:
+        status = {"held": "supported", "failed": "refuted", "equivalent": "no effect (equivalent)",
+                  "underpowered": f"undecided (underpowered: needs {lead.needs_seeds} seeds)",
+                  "not run": "not run"}[lead.verdict]
+        pair = f"{lead.a} vs {lead.b or 'exact'}" if lead.kind != "floor" else f"{lead.a} vs shortcut floor"
+        diff = ci_text(lead.estimate, lead.ci_lo, lead.ci_hi, sign=lead.kind != "exact")
+        floor = f"{lead.floor:.3f} ({lead.floor_baseline})" if lead.floor == lead.floor else "not computed"
+        rows = ", ".join(f"`{r.id}` {r.verdict}" for r in g.itertuples())
+        refuting = [r.id for r in g.itertuples() if r.verdict == "failed" and r.id != lead["id"]]
+        if refuting and lead.verdict == "held":
+            status = f"refuted by its controls ({', '.join(refuting)} failed)"
+        out.append(f"**{name}: {status}.** Minimal pair {pair} on {lead.task} ({lead.subset}; isolates "
+                   f"{lead.isolates}): {diff}. Shortcut floor {floor}. Ledger rows: {rows}.")
     return out
 
 
-def readme(*, commit: str, date: str, seeds: list[int], level: float, scale: str, sentences: list[str],
-           tables: dict[str, str], figures: dict[str, tuple[str, str]], links: dict[str, str]) -> str:
+def readme(*, commit: str, date: str, level: float, scale: str, sentences: list[str], floors_text: str,
+           counts: dict, tables: dict[str, str], figures: dict[str, tuple[str, str]], links: dict[str, str]) -> str:
     """reports/README.md. tables: name -> relative path (.md; a .csv lies beside it); figures: path ->
     (title, caption); links: label -> relative path of other stages' reports."""
+    tally = ", ".join(f"{v} {k}" for k, v in counts.items())
     lines = [
-        "# Where does a vision model put its inductive bias? Results",
-        "",
+        "# Where does a vision model put its inductive bias? Results", "",
         f"Generated by the `report` stage from commit `{commit}` on {date} (`dvc repro report`). "
-        "Every number below is computed from the per-run metrics files DVC tracks; nothing is hand-written.",
-        "",
-        f"Seeds {seeds}; intervals: {level:.0%} {CI_METHOD}. Our runs are tiny ({scale}, minutes of CPU) and far "
-        "smaller than the papers quoted in the [anchors](tables/anchors.md).",
-        "",
-        "## Findings",
-        "",
-        *[f"- {s}" for s in sentences],
-        "",
-        "## Tables (Markdown; CSV beside each)",
-        "",
-        *[f"- [{name}]({path}) ([csv]({path.removesuffix('.md')}.csv))" for name, path in tables.items()],
-        "",
-        "## Figures",
-        "",
+        "Every number below is computed from the per-run files DVC tracks; nothing about results is hand-written.",
+        "", f"Intervals: {level:.0%} {CI_METHOD}. Our runs are tiny ({scale}) and far smaller than the papers "
+        "quoted in the [anchors](tables/anchors.md).", "",
+        "## Findings", "", *[f"{i}. {s}" for i, s in enumerate(sentences, 1)], "",
+        floors_text, "", f"Prediction ledger: {tally} ([ledger](tables/ledger.md)).", "",
+        "## Tables (Markdown; CSV beside each)", "",
+        *[f"- [{name}]({path}) ([csv]({path.removesuffix('.md')}.csv))" for name, path in tables.items()], "",
+        "## Figures", "",
     ]
     for path, (title, caption) in figures.items():
         lines += [f"### {title}", "", f"![{title}]({path})", "", caption, ""]

@@ -34,8 +34,8 @@ def read_metrics(root: Path | None, source: str) -> list[dict]:
         if missing:
             raise StageError(f"{path}: metrics lack {missing}")
         pred = path.parent / "predictions.npz"
-        k = None
-        if pred.exists():
+        k = m.get("num_classes")
+        if k is None and pred.exists():  # older runs did not record it
             with np.load(pred, allow_pickle=False) as z:
                 k = int(z["logits"].shape[1])
         out.append({**m, "source": source, "dir": str(path.parent), "num_classes": k})
@@ -47,22 +47,67 @@ def read_predictions(folder: str | Path) -> tuple[np.ndarray, np.ndarray] | None
     path = Path(folder) / "predictions.npz"
     if not path.exists():
         return None
-    with np.load(path, allow_pickle=False) as z:
-        return z["index"], z["logits"]
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return z["index"], z["logits"]
+    except (ValueError, OSError, KeyError) as err:
+        raise StageError(f"{path}: unreadable predictions ({type(err).__name__}: {err})") from None
+
+
+def read_pool(tasks_dir: Path | None, slices_dir: Path | None, task: str) -> dict | None:
+    """What item-level statistics need from a task: pool ``labels`` (N,), pool ``factors`` (DataFrame or
+    None) and the test ``subsets`` (``test``, ``slice/...`` -> pool indices). None when the pool is absent."""
+    if tasks_dir is None or not (tasks_dir / task / "labels.npy").exists():
+        return None
+    labels = np.load(tasks_dir / task / "labels.npy", allow_pickle=False).astype(np.int64)
+    fpath = tasks_dir / task / "factors.csv"
+    factors = pd.read_csv(fpath) if fpath.exists() else None
+    subsets: dict[str, np.ndarray] = {}
+    ipath = (slices_dir / task / "indices.npz") if slices_dir is not None else None
+    if ipath is not None and ipath.exists():
+        with np.load(ipath, allow_pickle=False) as z:
+            subsets = {k: z[k] for k in z.files if k == "test" or k.startswith("slice/")}
+    return {"labels": labels, "factors": factors, "subsets": subsets}
+
+
+def read_floors(shortcuts_dir: Path | None, tasks: list[str]) -> dict[str, dict]:
+    """task -> data/shortcuts/<task>/floors.json (the shortcut floors; absent tasks are left out)."""
+    out = {}
+    for task in tasks:
+        if (rec := read_json(shortcuts_dir / task / "floors.json" if shortcuts_dir else None)) is not None:
+            out[task] = rec
+    return out
+
+
+def _find_rate(obj, word: str = "disagree") -> float | None:
+    """The first number under a key containing ``word`` (provenance layouts nest it differently)."""
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if word in str(key) and isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+        for value in obj.values():
+            if (found := _find_rate(value, word)) is not None:
+                return found
+    return None
+
+
+def teacher_disagreement(teachers_dir: Path | None) -> dict[tuple[str, str], float]:
+    """(teacher arch, task) -> the teacher's disagreement with the true labels on the students' training
+    images, from ``<teachers>/<arch>/<task>/provenance.json``."""
+    if teachers_dir is None or not teachers_dir.exists():
+        return {}
+    out = {}
+    for path in sorted(teachers_dir.glob("*/*/provenance.json")):
+        rate = _find_rate(json.loads(path.read_text()))
+        if rate is not None:
+            out[(path.parent.parent.name, path.parent.name)] = rate
+    return out
 
 
 def read_json(path: Path | None) -> dict | None:
     if path is None or not path.exists():
         return None
     return json.loads(path.read_text())
-
-
-def read_widths(budget_dir: Path | None) -> dict[str, int] | None:
-    """arch -> solved width from the budget stage's architectures.csv (None when absent)."""
-    if budget_dir is None or not (budget_dir / "architectures.csv").exists():
-        return None
-    table = pd.read_csv(budget_dir / "architectures.csv")
-    return {str(a): int(w) for a, w in zip(table.arch, table.width, strict=True)}
 
 
 def learning_histories(runs: pd.DataFrame, keys: tuple[str, ...] = ("train/loss", "val/acc")) -> pd.DataFrame:

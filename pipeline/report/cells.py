@@ -1,0 +1,189 @@
+"""Item-level results: per-run 0/1 correctness on test items, seeds x items matrices, per-cell summaries.
+
+A *cell* is one configuration (task, arch, train_size, steps, budget_mode, data_seed); its replicates are
+seeds. Matrices pair seeds (rows, sorted by seed) and test items (columns, sorted by pool index), so two cells
+with the same seeds and items give an item-paired difference. Nothing here reads files: the stage hands in
+the runs frame, the pools (:func:`pipeline.report.sources.read_pool`) and the predictions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from pipeline.report import stats
+
+CELL = ["task", "arch", "train_size", "steps", "budget_mode", "data_seed"]
+TWIN_TASKS = ("arrangement", "relation")  # pools whose samples come in adjacent twins (index 2i, 2i + 1)
+
+
+@dataclass
+class Items:
+    """Per-run correctness (run dir -> (pool index (N,), correct (N,) bool, logits)) and per-task pools."""
+
+    pools: dict[str, dict]
+    runs: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    def add(self, run_dir: str, task: str, index: np.ndarray, logits: np.ndarray) -> None:
+        pool = self.pools.get(task)
+        if pool is None:
+            return
+        self.runs[run_dir] = (np.asarray(index), logits.argmax(-1) == pool["labels"][index], logits)
+
+    def subset(self, task: str, name: str) -> np.ndarray | None:
+        """Pool indices of a test subset (``test`` or ``slice/...``); None when the slice does not exist."""
+        pool = self.pools.get(task)
+        return None if pool is None else pool["subsets"].get(name)
+
+    def matrix(self, rows: pd.DataFrame, subset: np.ndarray | None = None,
+               seeds: list[int] | None = None) -> tuple[list[int], np.ndarray] | None:
+        """(seeds, seeds x items 0/1 matrix) of the runs ``rows`` (one cell), optionally restricted to pool
+        indices ``subset`` and to ``seeds``; items = those every selected run predicted. None if no data."""
+        rows = rows.sort_values("seed")
+        if seeds is not None:
+            rows = rows[rows.seed.isin(seeds)]
+        got = [self.runs.get(d) for d in rows["dir"]]
+        if not rows.size or any(g is None for g in got):
+            return None
+        common = subset if subset is not None else got[0][0]
+        for index, _, _ in got:
+            common = np.intersect1d(common, index)
+        if not len(common):
+            return None
+        mat = np.stack([_take(index, correct, common) for index, correct, _ in got])
+        return [int(s) for s in rows.seed], mat.astype(float)
+
+
+def _take(index: np.ndarray, values: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """``values`` (aligned with ``index``) at the pool indices ``wanted`` (all present in ``index``)."""
+    order = np.argsort(index, kind="stable")
+    return values[order][np.searchsorted(index[order], wanted)]
+
+
+def main_config(runs: pd.DataFrame) -> dict:
+    """The main grid's (train_size, steps, budget_mode): the most common values among the data_seed-0 runs
+    (extra axes have fewer runs), so the report needs no knowledge of the grid's schema."""
+    main = runs[(runs.source == "runs") & (runs.data_seed == 0)]
+    if main.empty:
+        return {}
+    return {k: main[k].mode(dropna=False).iloc[0] for k in ("train_size", "steps", "budget_mode")}
+
+
+def select(runs: pd.DataFrame, task: str, arch: str, config: dict) -> pd.DataFrame:
+    """The runs of one cell: ``config`` fixes train_size/steps/budget_mode (data_seed 0 unless given)."""
+    want = {"data_seed": 0, **config}
+    sel = (runs.task == task) & (runs.arch == arch)
+    for key, value in want.items():
+        sel &= runs[key].isna() if value is None or value != value else runs[key] == value
+    return runs[sel]
+
+
+def cell_summary(rows: pd.DataFrame, items: Items, rp, seed: int) -> dict:
+    """Mean, hierarchical-bootstrap CI, k of n seeds >= escape threshold (Clopper-Pearson), bimodality."""
+    accs = rows["test_acc"].to_numpy(dtype=float)
+    n, k = len(accs), int((accs >= rp.escape_threshold).sum())
+    cp_lo, cp_hi = stats.clopper_pearson(k, n, rp.confidence)
+    got = items.matrix(rows)
+    if got is not None:
+        b = stats.hierarchical_mean(got[1], rp.bootstrap_samples, seed, rp.confidence)
+        mean, lo, hi, n_items = b["estimate"], b["ci_lo"], b["ci_hi"], b["items"]
+    else:  # no item data (no predictions or no pool): the point estimate only, no invented interval
+        mean, lo, hi, n_items = float(accs.mean()), math.nan, math.nan, 0
+    bimodal = 0 < k < n
+    note = ("bimodal: needs more seeds" if bimodal and n < rp.min_seeds_bimodal else
+            "bimodal" if bimodal else "")
+    return {"n": n, "mean": mean, "ci_lo": lo, "ci_hi": hi, "items": n_items, "k_escaped": k,
+            "k_ci_lo": cp_lo, "k_ci_hi": cp_hi, "bimodal": bimodal, "note": note}
+
+
+def cell_table(runs: pd.DataFrame, items: Items, rp, seed: int) -> pd.DataFrame:
+    """One row per cell of the trained grid (source ``runs``) with :func:`cell_summary`."""
+    main = runs[runs.source == "runs"]
+    rows = [{**dict(zip(CELL, key, strict=True)), **cell_summary(g, items, rp, seed)}
+            for key, g in main.groupby(CELL, sort=True, dropna=False)]
+    cols = [*CELL, "n", "mean", "ci_lo", "ci_hi", "items", "k_escaped", "k_ci_lo", "k_ci_hi", "bimodal", "note"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def size_cells(cell_tab: pd.DataFrame, config: dict) -> pd.DataFrame:
+    """The data-size axis inside the main runs: cells at the main budget and data draw whose (task, arch) was
+    trained at more than one training-set size."""
+    if cell_tab.empty or not config:
+        return cell_tab
+    sub = cell_tab[(cell_tab.steps == config["steps"]) & (cell_tab.budget_mode == config["budget_mode"])
+                   & (cell_tab.data_seed == 0)]
+    return sub[sub.groupby(["task", "arch"])["train_size"].transform("nunique") > 1]
+
+
+def slice_summary(rows: pd.DataFrame, items: Items, task: str, rp, seed: int) -> list[dict]:
+    """Per test slice of one cell: hierarchical-bootstrap mean and CI on the slice's items."""
+    out = []
+    for name, idx in sorted((items.pools.get(task) or {}).get("subsets", {}).items()):
+        if name == "test" or (got := items.matrix(rows, idx)) is None:
+            continue
+        b = stats.hierarchical_mean(got[1], rp.bootstrap_samples, seed, rp.confidence)
+        out.append({"slice": name, "n": b["seeds"], "mean": b["estimate"], "ci_lo": b["ci_lo"],
+                    "ci_hi": b["ci_hi"], "items": b["items"]})
+    return out
+
+
+def twin_ids(task: str, index: np.ndarray, factors: pd.DataFrame | None) -> np.ndarray | None:
+    """Twin id per pool index: the pool's ``twin`` factor when it has one, else adjacent pairs (2i, 2i + 1)
+    for the tasks that generate twins that way; None for tasks without twins."""
+    if factors is not None and "twin" in factors.columns:
+        return factors["twin"].to_numpy()[index]
+    return index // 2 if task in TWIN_TASKS else None
+
+
+def twin_check(index: np.ndarray, logits: np.ndarray, labels: np.ndarray, twins: np.ndarray,
+               atol: float = 1e-5) -> dict:
+    """Exact check on complete twin pairs (both twins in the test set): are the twins' logits equal (to float
+    tolerance), and what is the accuracy on those pairs (exactly 0.5 when equal and the labels differ)."""
+    order = np.argsort(twins, kind="stable")
+    t, idx, lg = twins[order], index[order], logits[order]
+    first = np.flatnonzero(t[:-1] == t[1:])  # position of the first twin of each complete pair
+    if not len(first):
+        return {"pairs": 0, "max_logit_diff": math.nan, "pair_acc": math.nan}
+    a, b = first, first + 1
+    diff = float(np.abs(lg[a] - lg[b]).max())
+    pred = lg.argmax(-1)
+    both = np.concatenate([a, b])
+    acc = float((pred[both] == labels[idx[both]]).mean())
+    return {"pairs": len(first), "max_logit_diff": diff, "pair_acc": acc, "equal": diff <= atol}
+
+
+def slice_table(runs: pd.DataFrame, items: Items, config: dict, rp, seed: int) -> pd.DataFrame:
+    """Main-grid cells x test slices (``slice/<factor>=<value>``, ``slice/id``, ``slice/ood``) with CIs."""
+    from pipeline.report.aggregate import parse_slice
+
+    rows = []
+    for (task, arch), _ in runs[runs.source == "runs"].groupby(["task", "arch"], sort=True):
+        cell = select(runs, task, arch, config)
+        for r in slice_summary(cell, items, task, rp, seed):
+            factor, value = parse_slice(r["slice"])
+            rows.append({"task": task, "arch": arch, "factor": factor, "value": value, **r})
+    return pd.DataFrame(rows, columns=["task", "arch", "factor", "value", "slice", "n", "mean", "ci_lo", "ci_hi",
+                                       "items"])
+
+
+def offset_grid(runs: pd.DataFrame, items: Items, config: dict, task: str = "alignment") -> pd.DataFrame:
+    """Accuracy per arch x (dx, dy) offset (seed mean of the per-offset accuracy), main grid, from the pool's
+    factors: in-distribution and unseen offsets stay separate cells."""
+    pool = items.pools.get(task)
+    cols = ["arch", "dx", "dy", "acc", "n"]
+    if pool is None or pool["factors"] is None or not {"dx", "dy"} <= set(pool["factors"].columns):
+        return pd.DataFrame(columns=cols)
+    dx, dy = pool["factors"]["dx"].to_numpy(), pool["factors"]["dy"].to_numpy()
+    parts = []
+    for arch in sorted(runs[(runs.source == "runs") & (runs.task == task)].arch.unique()):
+        for d in select(runs, task, arch, config)["dir"]:
+            if (got := items.runs.get(d)) is not None:
+                index, correct, _ = got
+                parts.append(pd.DataFrame({"arch": arch, "dx": dx[index], "dy": dy[index], "c": correct}))
+    if not parts:
+        return pd.DataFrame(columns=cols)
+    per = pd.concat(parts).groupby(["arch", "dx", "dy"], as_index=False).agg(acc=("c", "mean"), n=("c", "size"))
+    return per[cols]

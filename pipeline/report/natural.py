@@ -1,0 +1,117 @@
+"""Level 3, natural images: subgroup slices, the resolution table with its position contract, literature anchors.
+
+Inputs are the metrics.json records (``subgroups``: {subgroup: {condition: {acc, consistency, n}}};
+``resolution``: {size_px: {acc, n}}) and the cell table. Intervals: a proportion pooled over seeds is shown
+with its seed mean and a Wilson interval on the pooled counts (acc x n summed over seeds) -- the seeds share
+one test set, so this interval covers test-item sampling only, which the table states.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import pandas as pd
+
+from pipeline.report import stats
+
+
+def _pooled(values: list[tuple[float, int]], level: float) -> dict:
+    """Seed mean of a proportion and the Wilson interval of the pooled counts."""
+    n = sum(k for _, k in values)
+    hits = round(sum(a * k for a, k in values))
+    lo, hi = stats.wilson(hits, n, level)
+    return {"seeds": len(values), "mean": sum(a for a, _ in values) / len(values), "ci_lo": lo, "ci_hi": hi, "n": n}
+
+
+def subgroup_table(records: list[dict], level: float, task: str = "natural") -> pd.DataFrame:
+    """Per arch x subgroup x condition: accuracy (seed mean, Wilson on pooled counts), prediction consistency."""
+    acc: dict[tuple, list] = {}
+    cons: dict[tuple, list] = {}
+    for m in records:
+        if m.get("task") != task or m.get("source") != "runs":
+            continue
+        for group, conds in (m.get("subgroups") or {}).items():
+            for cond, v in (conds or {}).items():
+                if not isinstance(v, dict) or "acc" not in v:
+                    continue
+                key = (m["arch"], str(group), str(cond))
+                acc.setdefault(key, []).append((float(v["acc"]), int(v.get("n", 0))))
+                if v.get("consistency") is not None:
+                    cons.setdefault(key, []).append(float(v["consistency"]))
+    rows = [{"arch": a, "subgroup": g, "condition": c, **_pooled(vals, level),
+             "consistency": sum(cons[(a, g, c)]) / len(cons[(a, g, c)]) if (a, g, c) in cons else math.nan}
+            for (a, g, c), vals in sorted(acc.items())]
+    return pd.DataFrame(rows, columns=["arch", "subgroup", "condition", "seeds", "mean", "ci_lo", "ci_hi", "n",
+                                       "consistency"])
+
+
+def resolution_table(records: list[dict], level: float) -> pd.DataFrame:
+    """Per task x arch x evaluation size (px): accuracy (seed mean, Wilson on pooled counts)."""
+    acc: dict[tuple, list] = {}
+    for m in records:
+        for size, v in (m.get("resolution") or {}).items():
+            if isinstance(v, dict) and "acc" in v and m.get("source") == "runs":
+                acc.setdefault((m["task"], m["arch"], int(size)), []).append((float(v["acc"]), int(v.get("n", 0))))
+    rows = [{"task": t, "arch": a, "size_px": s, **_pooled(vals, level)} for (t, a, s), vals in sorted(acc.items())]
+    return pd.DataFrame(rows, columns=["task", "arch", "size_px", "seeds", "mean", "ci_lo", "ci_hi", "n"])
+
+
+def position_contract() -> pd.DataFrame:
+    """The position contract from :mod:`pipeline.resolution` (its one home in code), when that module exists."""
+    try:
+        mod = importlib.import_module("pipeline.resolution")
+    except ImportError:
+        return pd.DataFrame()
+    for name in ("contract_table", "position_contract", "CONTRACT", "POSITION_CONTRACT"):
+        obj = getattr(mod, name, None)
+        if obj is None:
+            continue
+        obj = obj() if callable(obj) else obj
+        if isinstance(obj, pd.DataFrame):
+            return obj
+        if isinstance(obj, dict):
+            return pd.DataFrame([{"family": k, **(v if isinstance(v, dict) else {"mapping": v})}
+                                 for k, v in obj.items()])
+        return pd.DataFrame(list(obj))
+    return pd.DataFrame()
+
+
+# Literature anchors these results speak to. Every number cites its paper and table; an anchor whose number
+# could not be traced to a table was dropped (DESIGN.md's small-data CIFAR-10 ViT numbers, for one).
+ANCHORS = (
+    {"anchor": "No position vs 1D position", "source": "Dosovitskiy et al. 2021 (ViT), Appendix D.4, Table 8",
+     "paper": "ViT-B/16, ImageNet 5-shot linear: none 0.614, 1D 0.642, 2D 0.640", "a": "vit", "b": "vit_nopos"},
+    {"anchor": "DeiT distillation", "source": "Touvron et al. 2021 (DeiT), Table 5",
+     "paper": "DeiT-Ti ImageNet top-1: no distillation 72.2, hard 74.3, distillation token 74.5",
+     "a": "deit", "b": "deit_labels"},
+    {"anchor": "DeiT teacher type", "source": "Touvron et al. 2021 (DeiT), Table 2",
+     "paper": "a convnet (RegNetY) teacher gives a better DeiT-B student than a transformer (DeiT-B) teacher",
+     "a": "deit", "b": "deit_vit"},
+    {"anchor": "Shifted windows", "source": "Liu et al. 2021 (Swin), Table 4",
+     "paper": "Swin-T ImageNet top-1: no shift 80.2, shifted 81.3", "a": "swin", "b": "swin_noshift"},
+    {"anchor": "ViT data-size reversal", "source": "Dosovitskiy et al. 2021 (ViT), Section 4.3, Figure 3",
+     "paper": "direction only (read from a figure, no table): ResNets (BiT) beat ViT when pre-trained on "
+              "ImageNet-1k; ViT overtakes them on the larger JFT-300M", "a": "vit", "b": "resnet"},
+)
+
+
+def anchors_table(cell_tab: pd.DataFrame, size_tab: pd.DataFrame, task: str = "natural") -> pd.DataFrame:
+    """Each anchor beside our a - b on natural images (cell means; paired CIs are in the ledger), and for the
+    data-size reversal, vit - resnet at every training size of the data-size curve."""
+    rows = []
+    for an in ANCHORS:
+        if an["anchor"] == "ViT data-size reversal":
+            sub = size_tab[size_tab.arch.isin([an["a"], an["b"]]) & (size_tab.task == task)] if len(size_tab) \
+                else size_tab
+            piv = sub.pivot_table(index="train_size", columns="arch", values="mean") if len(sub) else pd.DataFrame()
+            ours = "; ".join(f"n={int(s)}: {r[an['a']] - r[an['b']]:+.3f}" for s, r in piv.iterrows()
+                             if {an["a"], an["b"]} <= set(r.index)) if len(piv) else ""
+        else:
+            sub = cell_tab[(cell_tab.task == task) & (cell_tab.data_seed == 0)] if len(cell_tab) else cell_tab
+            means = sub.groupby("arch")["mean"].first() if len(sub) else pd.Series(dtype=float)
+            ours = (f"{an['a']} - {an['b']} = {means[an['a']] - means[an['b']]:+.3f}"
+                    if {an["a"], an["b"]} <= set(means.index) else "")
+        rows.append({"anchor": an["anchor"], "source": an["source"], "paper": an["paper"],
+                     "ours (CIFAR-10)": ours or "not run"})
+    return pd.DataFrame(rows)

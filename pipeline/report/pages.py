@@ -1,0 +1,230 @@
+"""What the report writes: every table (with its note), every figure (with its caption), summary.json, README.
+
+The stage (:mod:`pipeline.stages.report`) only parses paths and calls :func:`write_report`; the list of tables,
+figures, captions and notes lives here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from pipeline import io, tracking
+from pipeline.report import aggregate as agg
+from pipeline.report import cells, ledger, markdown, natural, sources
+from pipeline.report import figures as fig
+
+CELL_NOTE = ("Per cell: mean over seeds x test items with a {level:.0%} hierarchical-bootstrap interval (seeds "
+             "resampled, then test items); `k_escaped` of `n` seeds reached test accuracy {thr} (Clopper-Pearson "
+             "`k_ci`). A cell where some seeds escape and some do not is bimodal; with fewer than {min_seeds} "
+             "seeds it says 'needs more seeds'. Level 2 (measurement).")
+LEDGER_NOTE = ("Rows are fixed by params before any accuracy is read (pipeline/report/ledger.py). `paired`: a - b "
+               "on the same test items with the same seeds, hierarchical-bootstrap CI and two-sided p; `floor`: a "
+               "minus the task's shortcut floor (a structural limit predicts the floor, not chance); `exact`: "
+               "judged exactly. Holm's correction over all rows (alpha {alpha:.2f}). Verdicts: held / failed; "
+               "equivalent = the whole CI within +-{margin}; underpowered = neither, with the seeds needed "
+               "(assuming the CI shrinks as 1/sqrt(seeds)).")
+
+
+@dataclass
+class Inputs:
+    """Everything the report reads, already loaded (paths resolved by the stage)."""
+
+    params: object
+    records: list[dict]
+    runs: pd.DataFrame
+    items: cells.Items
+    floors: dict[str, dict]
+    disagreement: dict
+    interface: dict
+    curve_runs: pd.DataFrame
+
+
+def load(params, records: list[dict], tasks_dir: Path | None, slices_dir: Path | None,
+         shortcuts_dir: Path | None, teachers_dir: Path | None, interface: dict) -> Inputs:
+    """Frames, per-item correctness of every run, floors and teacher disagreement."""
+    runs = agg.runs_frame(records)
+    task_names = sorted(set(runs.task))
+    pools = {t: p for t in task_names if (p := sources.read_pool(tasks_dir, slices_dir, t)) is not None}
+    items = cells.Items(pools)
+    for r in runs.itertuples():
+        if r.task in pools and (pred := sources.read_predictions(r.dir)) is not None:
+            items.add(r.dir, r.task, *pred)
+    return Inputs(params, records, runs, items, sources.read_floors(shortcuts_dir, task_names),
+                  sources.teacher_disagreement(teachers_dir), interface, runs[runs.source == "curve"])
+
+
+def _table(out: Path, name: str, title: str, note: str, df: pd.DataFrame, shown: pd.DataFrame | None = None,
+           empty: str = "not run") -> str:
+    """``tables/<name>.csv`` (all columns, for tools) and ``tables/<name>.md`` (``shown``, for reading)."""
+    io.write_with(out / "tables" / f"{name}.csv", lambda p: df.to_csv(p, index=False, float_format="%.6g"))
+    io.write_text(out / "tables" / f"{name}.md",
+                  markdown.table_page(title, note, df if shown is None else shown, empty))
+    return f"tables/{name}.md"
+
+
+def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str, pd.DataFrame]]:
+    """Write every table; returns (name -> path, the frames the figures and summary reuse)."""
+    rp, runs = inp.params.report, inp.runs
+    config = cells.main_config(runs)
+    cell_tab = cells.cell_table(runs, inp.items, rp, seed)
+    main = cell_tab[(cell_tab.train_size == config.get("train_size")) & (cell_tab.steps == config.get("steps"))
+                    & (cell_tab.data_seed == 0)] if config else cell_tab
+    size_tab = pd.concat([cells.size_cells(cell_tab, config),  # a size grid inside data/runs, and data/curve
+                          cells.cell_table(inp.curve_runs.assign(source="runs"), inp.items, rp, seed)])
+    slice_tab = cells.slice_table(runs, inp.items, config, rp, seed)
+    led = ledger.judge(inp.params, runs, inp.items, inp.floors, inp.disagreement, seed)
+    reach = agg.steps_to_reach(runs, rp.escape_threshold, cells.CELL)
+    students = dict(inp.params.distill.students)
+    agree = sources.agreements(runs, students, list(inp.params.distill.tasks))
+    floors = markdown.floors_line(inp.floors)
+    flags = markdown.floor_flags(inp.floors)
+    if flags:
+        floors += f" Does not measure its factor (floor within 0.1 of the ceiling): {', '.join(flags)}."
+    note = CELL_NOTE.format(level=rp.confidence, thr=rp.escape_threshold, min_seeds=rp.min_seeds_bimodal)
+    paths = {
+        "accuracy (every cell)": _table(out, "accuracy", "Test accuracy per cell", f"{note}\n\n{floors}", cell_tab,
+                                        markdown.accuracy_matrix(main)),
+        "per-slice accuracy": _table(out, "slices", "Test accuracy per evaluation slice (main grid)",
+                                     f"{note}\n\n{floors}", slice_tab),
+        "prediction ledger": _table(out, "ledger", "Prediction ledger", LEDGER_NOTE.format(
+            alpha=1 - rp.confidence, margin=rp.equivalence_margin) + f"\n\n{floors}", led, markdown.ledger_view(led)),
+        "steps to reach the escape threshold": _table(
+            out, "steps_to_reach", f"Steps to reach {rp.escape_threshold} validation accuracy", "From the "
+            "learning curve in each run's metrics.json: 'not reached' within the run's steps is 'not yet', not "
+            "'cannot'.", reach),
+        "budget (counts and measurements)": _table(
+            out, "budget", "Budget per run group", "Counts: analytic; wall time, images/s, peak RSS: measured, "
+            "seed mean. Teacher compute is charged in full to every student.", agg.budget_table(runs)),
+        "distillation attribution": _table(
+            out, "distillation", "Distillation: accuracy and agreement with each teacher", "`agree_<teacher>`: share "
+            "of test items predicted like that teacher (seed mean). Paired contrasts with CIs: the ledger.",
+            agg.distillation_table(runs, agree), empty="not run (distillation disabled)"),
+        "data-size curve": _table(out, "size_curve", "Test accuracy vs training-set size", f"{note}\n\n{floors}",
+                                  size_tab, empty="not run (no data-size curve)"),
+        "interface checks": _table(out, "interface", "Interface checks (level 1, exact)", "From "
+                                   "data/interface/summary.json; details in ../interface/interface.md.",
+                                   agg.interface_table(inp.interface)),
+    }
+    paths.update(natural_tables(inp, out, main, size_tab, floors))
+    return paths, {"cells": cell_tab, "main": main, "size": size_tab, "slices": slice_tab, "ledger": led}
+
+
+def natural_tables(inp: Inputs, out: Path, main: pd.DataFrame, size_tab: pd.DataFrame, floors: str) -> dict:
+    """Level 3 (natural images): subgroups, resolution + the position contract, literature anchors."""
+    level = inp.params.report.confidence
+    main_runs = [m for m in inp.records if m.get("source") == "runs"]
+    contract = natural.position_contract()
+    res_note = ("Seed mean; Wilson interval on the counts pooled over seeds (test-item sampling only). Position "
+                "contract (pipeline/resolution.py):\n\n" + markdown.md_table(contract, "not recorded"))
+    return {
+        "natural images: subgroups": _table(
+            out, "natural_subgroups", "CIFAR-10: pre-specified subgroups", "Seed mean; Wilson interval on the "
+            "counts pooled over seeds (test-item sampling only); `consistency`: share of predictions unchanged "
+            f"against the untransformed image.\n\n{floors}", natural.subgroup_table(main_runs, level)),
+        "natural images: resolution": _table(out, "resolution", "Accuracy at other resolutions", res_note,
+                                             natural.resolution_table(main_runs, level)),
+        "literature anchors": _table(out, "anchors", "Literature anchors vs our runs", "Every paper number "
+                                     "cites its source table; anchors that could not be traced were dropped. "
+                                     "Ours: CIFAR-10 cell means (paired CIs: the ledger), far smaller models.",
+                                     natural.anchors_table(main, size_tab)),
+    }
+
+
+def figure_list(inp: Inputs, out: Path, frames: dict) -> dict[str, tuple[str, str]]:
+    """Save every figure; returns path -> (title, caption)."""
+    t, p = inp.params.tasks, inp.params.geometry.patch_size
+    floor = {k: v.get("floor") for k, v in inp.floors.items()}
+    made: dict[str, tuple[str, str]] = {}
+
+    def save(name: str, figure, title: str, caption: str) -> None:
+        io.save_figure(figure, out / "figures" / f"{name}.png")
+        made[f"figures/{name}.png"] = (title, caption)
+
+    save("accuracy", fig.cell_figure(frames["main"], floor), "Accuracy per architecture and task",
+         "Measurement: main grid, mean with hierarchical-bootstrap CI; k/n: seeds reaching the escape threshold "
+         "where the cell is bimodal; dotted: the task's shortcut floor.")
+    config = cells.main_config(inp.runs)
+    lo, hi = t.alignment.train_offsets
+    save("alignment_offset", fig.offset_figure(cells.offset_grid(inp.runs, inp.items, config), (lo, hi)),
+         "Alignment accuracy per (dx, dy) offset",
+         f"Measurement: accuracy per sub-patch offset of the glyph to the {p} px grid, dx and dy kept apart; the "
+         f"white box holds the offsets seen in training ({lo}..{hi} px in both), everything outside is unseen.")
+    size = agg.factor_curve(frames["slices"], "scale", "size").assign(x=lambda d: d.x / p)
+    slo, shi = t.scale.train_sizes
+    save("scale_size", fig.factor_figure(size, f"object size / patch size P={p}", "scale: accuracy vs size",
+                                         floor.get("scale"), (slo / p, shi / p), "training sizes",
+                                         ((1.0, "one patch"),)),
+         "Accuracy vs object size relative to the patch", "Measurement: accuracy per object size in patches; "
+         "grey band: sizes seen in training; dashed: one patch; dotted: shortcut floor.")
+    dist = agg.factor_curve(frames["slices"], "relation", "distance_tokens")
+    window_cells = inp.params.models.swin.patch_size * inp.params.models.swin.window_size / p
+    save("relation_distance", fig.factor_figure(dist, f"Chebyshev distance between the marks ({p} px cells)",
+                                                "relation: accuracy vs distance", floor.get("relation"),
+                                                vlines=((window_cells, "Swin window (first stage)"),)),
+         "Accuracy vs distance between the related marks", "Measurement: accuracy per mark distance in patch "
+         f"cells; dashed: the Swin window width ({window_cells:g} cells); dotted: shortcut floor.")
+    s = frames["slices"]
+    win = s[(s.task == "relation") & s.factor.isin(["window", "shifted_window"])]
+    save("relation_window", fig.window_bars(win, "relation: marks in the same vs different windows",
+                                            floor.get("relation")),
+         "Relation accuracy by window membership", "Measurement: mark pairs inside one Swin window (solid) vs "
+         "across windows (hatched), plain and shifted partition; dotted: shortcut floor.")
+    save("data_size", fig.size_figure(frames["size"]), "Accuracy vs training-set size",
+         "Measurement: the data-size curve runs, mean with hierarchical-bootstrap CI per training-set size.")
+    plot_tables(inp, out, {"alignment_offset": dx_curve(cells.offset_grid(inp.runs, inp.items, config), (lo, hi)),
+                           "scale_size": size, "relation_distance": dist}, frames["size"])
+    save("learning_curves", fig.learning_figure(sources.learning_histories(inp.runs[inp.runs.source == "runs"])),
+         "Learning curves", "Measurement: training loss and validation accuracy per optimizer step, seed mean.")
+    return made
+
+
+def dx_curve(grid: pd.DataFrame, train_range: tuple[int, int]) -> pd.DataFrame:
+    """Accuracy per dx over the rows whose dy lies in the training range (dy unseen offsets are not pooled in)."""
+    lo, hi = train_range
+    sub = grid[(grid.dy >= lo) & (grid.dy <= hi)]
+    return sub.groupby(["arch", "dx"], as_index=False)["acc"].mean().rename(columns={"dx": "x", "acc": "mean"})
+
+
+def plot_tables(inp: Inputs, out: Path, curves: dict[str, pd.DataFrame], size_tab: pd.DataFrame) -> None:
+    """The wide CSVs behind dvc.yaml's `plots:` (one column per configured architecture, empty if not run)."""
+    archs = list(ledger.configured_cells(inp.params))
+    for name, curve in curves.items():
+        io.write_with(out / "tables" / f"plot_{name}.csv",
+                      lambda f, c=curve: agg.wide(c, "x", archs).to_csv(f, index=False, float_format="%.6g"))
+    ds = size_tab.assign(x=size_tab.train_size, arch=size_tab.task + "/" + size_tab.arch)
+    curve = getattr(inp.params.train, "curve", None)
+    cols = [f"{t}/{a}" for t in curve.tasks for a in curve.archs] if curve is not None else sorted(set(ds.arch))
+    io.write_with(out / "tables" / "plot_data_size.csv",
+                  lambda f: agg.wide(ds, "x", cols).to_csv(f, index=False, float_format="%.6g"))
+
+
+def summary(frames: dict, floors: dict) -> dict:
+    """reports/summary.json (dvc metrics): a few headline numbers, so `dvc exp show` stays narrow."""
+    led, main = frames["ledger"], frames["main"]
+    lead = {name: float(row.estimate) for name, _, row in ledger.leads(led)[:markdown.MAX_FINDINGS]}
+    return markdown.nan_to_none({
+        "ledger": {k.replace(" ", "_"): v for k, v in ledger.counts(led).items()},
+        "finding": lead,
+        "floor": {t: float(r.get("floor", float("nan"))) for t, r in sorted(floors.items())},
+        "bimodal_cells": int(main["bimodal"].sum()) if len(main) else 0,
+    })
+
+
+def write_report(inp: Inputs, out: Path) -> None:
+    """Every table, figure, summary.json and README.md under ``out``."""
+    params = inp.params
+    seed = int(params.seed)
+    paths, frames = tables(inp, out, seed)
+    made = figure_list(inp, out, frames)
+    io.write_json(out / "summary.json", summary(frames, inp.floors))
+    links = {"interface checks (level 1)": "interface/interface.md", "architectures and budget": "budget/README.md",
+             **{f"samples: {t}": f"samples/{t}.png" for t in params.tasks.names}}
+    scale = f"{params.geometry.image_size} px images, ~{params.models.param_target:,} parameters, minutes of CPU"
+    io.write_text(out / "README.md", markdown.readme(
+        commit=tracking.git_commit(), date=dt.date.today().isoformat(), level=params.report.confidence,
+        scale=scale, sentences=markdown.findings(frames["ledger"]), floors_text=markdown.floors_line(inp.floors),
+        counts=ledger.counts(frames["ledger"]), tables=paths, figures=made, links=links))
