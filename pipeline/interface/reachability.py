@@ -90,8 +90,14 @@ def vit_chain(model: VisionTransformer) -> list[Layer]:
     def embed(x: torch.Tensor) -> torch.Tensor:  # as VisionTransformer.forward_features, before blocks
         return model.norm_pre(model.patch_drop(model._pos_embed(pe(x))))
 
-    chain = [Layer("embed", embed, "nchw", "nlc", _patch_membership(grid, patch, model.num_prefix_tokens))]
-    chain += [Layer(f"block{i + 1}", blk, "nlc", "nlc", np.ones((n, n), dtype=bool))
+    # Only a disjoint patchify has a predictable pixel-to-token membership (conv stems and overlapping
+    # patches spread a pixel over neighbouring tokens: no prediction, the measurement stands alone).
+    disjoint = isinstance(pe.proj, nn.Conv2d) and pe.proj.kernel_size == pe.proj.stride == (patch, patch)
+    chain = [Layer("embed", embed, "nchw", "nlc",
+                   _patch_membership(grid, patch, model.num_prefix_tokens) if disjoint else None)]
+    # A block without attention (nomix) mixes nothing across tokens.
+    chain += [Layer(f"block{i + 1}", blk, "nlc", "nlc",
+                    np.ones((n, n), dtype=bool) if hasattr(blk, "attn") else np.eye(n, dtype=bool))
               for i, blk in enumerate(model.blocks)]
     return chain
 

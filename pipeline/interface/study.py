@@ -234,7 +234,8 @@ def reachability_study(params: Params, models: dict[str, torch.nn.Module]) -> Re
                         "all_pairs_meet": bool(reach.all()),
                         "layers_for_all_pairs": int(meet.max()) if reach.all() else reachability.UNREACHABLE,
                         "unreachable_pairs": int((~reach).sum())})
-        if isinstance(model, VisionTransformer):  # global attention: any two pixels meet in block 1
+        global_attention = all(hasattr(b, "attn") for b in getattr(model, "blocks", []))
+        if isinstance(model, VisionTransformer) and global_attention:  # any two pixels meet in block 1
             res.checks.append(equal("reachability", f"{arch}: global attention, all pairs meet by layer 1", 1,
                                     int(meet.max())))
     cols = ["arch", "chebyshev", "distance_tokens", "pairs", "best", "worst", "reachable", "depth"]
