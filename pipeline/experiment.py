@@ -30,8 +30,15 @@ from pipeline.errors import StageError
 from pipeline.executor import RunFailed, map_runs
 from pipeline.grid import RunSpec
 from pipeline.io import write_json, write_with
-from pipeline.provenance import (WEIGHTS, code_sha256, data_provenance, load_teacher, params_sha256,
-                                 read_teacher, run_params)
+from pipeline.provenance import (
+    WEIGHTS,
+    code_sha256,
+    data_provenance,
+    load_teacher,
+    params_sha256,
+    read_teacher,
+    run_params,
+)
 
 
 @dataclass(frozen=True)
@@ -196,6 +203,10 @@ class Curves(L.Callback):
         self.rows.append(row)
         print(f"  {self.name}: step {row['step']}/{self.total} val acc {row.get('val_acc', float('nan')):.3f}",
               flush=True)
+
+    @property
+    def state_key(self) -> str:
+        return "Curves"  # one key for subclasses too, so any checkpoint restores the curves
 
     def state_dict(self) -> dict:
         return {"rows": self.rows, "series": self.series}
@@ -405,12 +416,13 @@ def execute(specs: list[RunSpec], params: Params, stage: str, name: str, ckpt_ro
                 pending.pop(job.spec.name)
                 print(f"  {job.spec.name}: test acc {m['test_acc']:.3f}", flush=True)
         except RunFailed as err:
-            for run_name, job in pending.items():  # the failed run: FAILED, no partial results; others resume
-                if run_name == err.name:
-                    tracker.fail(run_ids[run_name])
-                    shutil.rmtree(job.spec.ckpt_dir, ignore_errors=True)
-                else:
+            for run_name, job in pending.items():  # the failed run: FAILED; the others can resume
+                if run_name != err.name:
                     tracker.kill(run_ids[run_name])
+                    continue
+                tracker.fail(run_ids[run_name])
+                if err.summary.startswith("FloatingPointError"):  # a diverged run's checkpoints are worthless
+                    shutil.rmtree(job.spec.ckpt_dir, ignore_errors=True)
             raise
     return results
 
