@@ -185,8 +185,8 @@ class Curves(L.Callback):
     Saved in every checkpoint, so a resumed run's curves are the whole run's curves.
     """
 
-    def __init__(self, name: str, total: int, every: int):
-        self.name, self.total, self.every = name, total, every
+    def __init__(self, name: str, total: int, every: int, ckpt_every: int, ckpt: Path):
+        self.name, self.total, self.every, self.ckpt_every, self.ckpt = name, total, every, ckpt_every, ckpt
         self.rows: list[dict] = []  # at each validation: step, train_loss, val_loss, val_acc, lr
         self.series: list[dict] = []  # every `every` steps: step, train/loss, lr
 
@@ -201,6 +201,10 @@ class Curves(L.Callback):
         row = {"step": trainer.global_step, "lr": _lr(trainer),
                **{k.replace("/", "_"): float(m[k]) for k in ("train/loss", "val/loss", "val/acc") if k in m}}
         self.rows.append(row)
+        if row["step"] % self.ckpt_every == 0 and row["step"] < self.total:
+            # The step's checkpoint was saved before this validation: save it again so it holds this row
+            # (else a run resumed from it would lack the row: validation at that step does not rerun).
+            trainer.save_checkpoint(self.ckpt)
         print(f"  {self.name}: step {row['step']}/{self.total} val acc {row.get('val_acc', float('nan')):.3f}",
               flush=True)
 
@@ -265,7 +269,7 @@ def fit(job: Job) -> dict:
     data = ArrayData(split, "fit", recipe.batch_size, rt.eval_batch_size, spec.key.seed, total_steps=steps)
     ckpt = ModelCheckpoint(dirpath=spec.ckpt_dir, filename="last", save_top_k=1,
                            every_n_train_steps=rt.checkpoint_every_steps, enable_version_counter=False)
-    curves = Curves(spec.name, steps, rt.log_every_steps)
+    curves = Curves(spec.name, steps, rt.log_every_steps, rt.checkpoint_every_steps, spec.ckpt_dir / "last.ckpt")
     trainer = _trainer(job, steps, [ckpt, curves])
     start = int(torch.load(job.resume_from, weights_only=True)["global_step"]) if job.resume_from else 0
     t0 = time.perf_counter()
