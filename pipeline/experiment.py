@@ -382,8 +382,8 @@ def record(job: Job, result: dict, tracker: tracking.StageRun, run_id: str) -> d
 # --------------------------------------------------------------------------- orchestration
 def _log_dir(ckpt_root: Path) -> Path:
     """Tracebacks of failed runs: ``.dvc/tmp/logs`` in a DVC repository, else beside the checkpoints."""
-    dvc_tmp = tracking.repo_root() / ".dvc" / "tmp"
-    return dvc_tmp / "logs" if dvc_tmp.parent.is_dir() else ckpt_root / "logs"
+    dvc = tracking.repo_root(ckpt_root) / ".dvc"
+    return dvc / "tmp" / "logs" if dvc.is_dir() else ckpt_root / "logs"
 
 
 def _open(specs: list[RunSpec], params: Params, tracker: tracking.StageRun) -> tuple[list, dict, list]:

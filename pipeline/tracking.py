@@ -239,8 +239,11 @@ class StageRun:
 @contextmanager
 def stage_run(params: Params, stage: str, name: str, tags: dict[str, str] | None = None) -> Iterator[StageRun]:
     """The parent run of one stage invocation (system metrics sampled while it lasts); FAILED if the block raises."""
+    import logging
+
     from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
+    logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # start/stop banners say nothing
     uri = check_store(params)
     exp_id = ensure_experiment(experiment_name(params, stage), uri)
     client = _client(uri)
