@@ -84,7 +84,8 @@ def check_store(params: Params) -> str:
         except (urllib.error.URLError, OSError, ValueError) as err:
             raise ConfigError(f"{key}: MLflow server {uri} not reachable within {HTTP_TIMEOUT_S} s "
                               f"({getattr(err, 'reason', err)})") from None
-    _client(uri).search_experiments(max_results=1)  # a store MLflow cannot open fails here, before training
+    with _store_lock(uri):  # a new sqlite store is created here, once
+        _client(uri).search_experiments(max_results=1)  # a store MLflow cannot open fails here, before training
     return uri
 
 

@@ -12,6 +12,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+import yaml
 from conftest import mlflow_store
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -249,3 +250,28 @@ def test_tampered_teacher_is_refused(workspace, tmp_path):
     with pytest.raises(StageError, match="sha256"):
         load_teacher(teachers, "alignment", params, 4)
 
+
+
+def test_grids_extend_the_main_grid_once(workspace):
+    from pipeline.config import parse_params
+    from pipeline.grid import train_keys
+
+    raw = yaml.safe_load((workspace / "params.yaml").read_text())
+    raw["train"]["seeds"] = [0, 1]
+    raw["train"]["grids"] = {
+        "again": {"archs": ["vit"]},  # the main grid itself: nothing new
+        "budget": {"archs": ["vit"], "steps": [20, 40], "seeds": [0]},  # steps 20 at seed 0 is a main run
+        "draws": {"data_seeds": [1]},  # every arch, its own tasks
+        "flops": {"archs": ["resnet"], "budget_mode": "flops"},
+    }
+    params = parse_params(raw)
+    vit = train_keys(params, "vit")
+    assert vit == [RunKey("alignment", "vit", s, 128, 20, "steps") for s in (0, 1)] + [
+        RunKey("alignment", "vit", 0, 128, 40, "steps"),
+        *(RunKey("alignment", "vit", s, 128, 20, "steps", 1) for s in (0, 1))]
+    resnet = train_keys(params, "resnet")
+    assert {k.budget_mode for k in resnet} == {"steps", "flops"} and len(resnet) == 2 + 2 + 2
+    assert len({k.folder for k in vit + resnet if k.arch == "vit"}) == len(vit)  # one folder per run
+    raw["train"]["grids"] = {"bad": {"archs": ["swin"]}}
+    with pytest.raises(Exception, match="train.grids.bad.archs"):
+        parse_params(raw)
