@@ -19,6 +19,7 @@ import shutil
 import time
 import zipfile
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import lightning as L
@@ -408,7 +409,8 @@ def _open(specs: list[RunSpec], params: Params, tracker: tracking.StageRun) -> t
 
 def execute(specs: list[RunSpec], params: Params, stage: str, name: str, ckpt_root: Path) -> list[dict]:
     """Run every spec (finished ones are kept) under one parent MLflow run; returns every run's metrics."""
-    print(f"== {name}: {len(specs)} runs on {params.train.runtime.workers} worker(s)", flush=True)
+    print(f"[{datetime.now():%H:%M:%S}] == {name}: {len(specs)} runs on {params.train.runtime.workers} worker(s)",
+          flush=True)
     with tracking.stage_run(params, stage, name) as tracker:
         jobs, run_ids, results = _open(specs, params, tracker)
         pending = {j.spec.name: j for j in jobs}
