@@ -442,5 +442,12 @@ def prune(root: Path, keep: list[Path]) -> None:
         return
     keep_set = {k.resolve() for k in keep}
     stale = sorted({m.parent.resolve() for m in root.rglob("metrics.json")} - keep_set)
+    root = root.resolve()
     for folder in stale:
-        shutil.rmtree(folder, ignore_errors=True)
+        if not folder.exists():  # inside a folder already removed
+            continue
+        shutil.rmtree(folder)
+        for parent in folder.parents:  # the emptied folders above it (an old layout's <task>/n<size>/)
+            if parent == root or not parent.is_relative_to(root) or any(parent.iterdir()):
+                break
+            parent.rmdir()

@@ -90,7 +90,12 @@ def check_store(params: Params) -> str:
 
 
 def _client(uri: str):
+    import logging
+
     from mlflow.exceptions import MlflowException
+
+    for name in ("mlflow.store.db.utils", "alembic"):  # "Creating initial MLflow database tables..."
+        logging.getLogger(name).setLevel(logging.WARNING)
     from mlflow.tracking import MlflowClient
 
     try:
