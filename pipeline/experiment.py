@@ -428,7 +428,7 @@ def execute(specs: list[RunSpec], params: Params, stage: str, name: str, ckpt_ro
                     continue
                 tracker.fail(run_ids[run_name])
                 if err.summary.startswith("FloatingPointError"):  # a diverged run's checkpoints are worthless
-                    shutil.rmtree(job.spec.ckpt_dir, ignore_errors=True)
+                    remove_run_dir(job.spec.ckpt_dir, ckpt_root)
             raise
     return results
 
@@ -442,12 +442,16 @@ def prune(root: Path, keep: list[Path]) -> None:
         return
     keep_set = {k.resolve() for k in keep}
     stale = sorted({m.parent.resolve() for m in root.rglob("metrics.json")} - keep_set)
-    root = root.resolve()
     for folder in stale:
-        if not folder.exists():  # inside a folder already removed
-            continue
-        shutil.rmtree(folder)
-        for parent in folder.parents:  # the emptied folders above it (an old layout's <task>/n<size>/)
-            if parent == root or not parent.is_relative_to(root) or any(parent.iterdir()):
-                break
-            parent.rmdir()
+        if folder.exists():  # else inside a folder already removed
+            remove_run_dir(folder, root)
+
+
+def remove_run_dir(folder: Path, root: Path) -> None:
+    """Delete ``folder`` and the folders above it it leaves empty, up to (not including) ``root``."""
+    folder, root = folder.resolve(), root.resolve()
+    shutil.rmtree(folder, ignore_errors=True)
+    for parent in folder.parents:
+        if parent == root or not parent.is_relative_to(root) or not parent.exists() or any(parent.iterdir()):
+            break
+        parent.rmdir()

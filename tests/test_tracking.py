@@ -70,14 +70,17 @@ def test_diverging_run_is_one_line_and_failed(copy_workspace, capsys):
     from mlflow.tracking import MlflowClient
 
     raw = edited(copy_workspace, lr=1.0e30, grad_clip=0.0)
+    stale = copy_workspace / "data/runs/vit/old/s0/metrics.json"  # not in the grid: pruned only on success
+    stale.parent.mkdir(parents=True)
+    stale.write_text("{}")
     with mlflow_store(copy_workspace):
         assert train.main(stage(copy_workspace, raw)) == 2
     line = error_line(capsys)
     assert "train/vit/alignment/" in line and "at step" in line and "train.recipe.lr=1e+30" in line
     log = Path(line.rsplit("(traceback: ", 1)[1].rstrip(")"))
     assert "FloatingPointError" in log.read_text()
-    assert not list((copy_workspace / "data/runs/vit").rglob("metrics.json"))
-    assert not list((copy_workspace / "data/ckpt/train/vit").rglob("*.ckpt"))
+    assert list((copy_workspace / "data/runs/vit").rglob("metrics.json")) == [stale]
+    assert [p.name for p in (copy_workspace / "data/ckpt/train/vit").iterdir()] == ["logs"]
     client = MlflowClient(tracking_uri=f"sqlite:///{copy_workspace / 'mlflow.db'}")
     exp = client.get_experiment_by_name("bias-train")
     status = {r.info.run_name: r.info.status for r in client.search_runs([exp.experiment_id])}

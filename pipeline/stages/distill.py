@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> None:
             for task in params.distill.tasks for seed in t.seeds]
     specs = specs_for("distill", keys, args.data, args.slices, args.out, args.ckpt,
                       teacher=params.distill.students[args.student], teacher_dir=args.teachers)
-    prune(args.out, [s.out_dir for s in specs])
     execute(specs, params, "distill", f"distill/{args.student}", args.ckpt)
+    prune(args.out, [s.out_dir for s in specs])  # after success: a failed stage changes nothing
 
 
 if __name__ == "__main__":

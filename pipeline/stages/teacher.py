@@ -38,10 +38,10 @@ def main(argv: list[str] | None = None) -> None:
     keys = [RunKey(task, args.arch, d.teacher_seed, d.teacher_size - params.train.size, r.steps, r.budget_mode)
             for task in d.tasks]
     specs = specs_for("teacher", keys, args.data, args.slices, args.out, args.ckpt)
-    prune(args.out, [s.out_dir for s in specs])
     for m in execute(specs, params, "teacher", f"teacher/{args.arch}", args.ckpt):
         print(f"teacher/{args.arch}/{m['task']}: test acc {m['test_acc']:.3f}, disagrees with the true label on "
               f"{m['student_train']['disagreement']:.1%} of the students' images")
+    prune(args.out, [s.out_dir for s in specs])  # after success: a failed stage changes nothing
 
 
 if __name__ == "__main__":

@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None) -> None:
     from pipeline.grid import specs_for, train_keys
 
     specs = specs_for("train", train_keys(params, args.arch), args.data, args.slices, args.out, args.ckpt)
-    prune(args.out, [s.out_dir for s in specs])
     execute(specs, params, "train", f"train/{args.arch}", args.ckpt)
+    prune(args.out, [s.out_dir for s in specs])  # after success: a failed stage changes nothing
 
 
 if __name__ == "__main__":
