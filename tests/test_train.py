@@ -64,7 +64,7 @@ def runs(workspace, tmp_path_factory):
     """Runs of one key: a, b (same seed, fresh), c (interrupted at step 10, then rerun) and a DeiT student."""
     params = load_params(workspace / "params.yaml")
     root = tmp_path_factory.mktemp("train_runs")
-    out = {name: root / name for name in ("a", "b", "c", "student")}
+    out = {name: root / name for name in ("a", "b", "c", "student", "draw")}
     with mlflow_store(root):
         metrics = {name: train(workspace, out[name], params) for name in "ab"}
         with pytest.MonkeyPatch.context() as mp:
@@ -75,6 +75,7 @@ def runs(workspace, tmp_path_factory):
         stamp = json.loads((ckpt / "config.json").read_text())
         interrupted_files = sorted(p.name for p in ckpt.iterdir())
         metrics["c"] = train(workspace, out["c"], params)
+        metrics["draw"] = train(workspace, out["draw"], params, key=RunKey("alignment", "vit", 0, 128, 20, "steps", 1))
         metrics["student"] = train(workspace, out["student"], params, "distill", RunKey(
             "alignment", "deit", 0, 128, 20, "steps"), teacher="resnet", teacher_dir=workspace / "data/teachers/resnet")
     return {"params": params, "root": root, "out": out, "metrics": metrics, "stamp": stamp,
@@ -187,6 +188,13 @@ def test_another_data_seed_draws_another_balanced_subset():
         assert np.array_equal(np.bincount(labels[draw]), np.bincount(labels[official]))
         assert len(np.unique(draw)) == len(official)
     assert np.array_equal(a, experiment.redraw(pool, official, labels, 1))
+
+
+def test_a_data_seed_trains_on_another_draw(runs):
+    a, draw = runs["metrics"]["a"], runs["metrics"]["draw"]
+    assert draw["data_seed"] == 1 and draw["provenance"]["data_sha256"] == a["provenance"]["data_sha256"]
+    assert draw["provenance"]["train_slice_sha256"] != a["provenance"]["train_slice_sha256"]
+    assert draw["slices"]["test"]["n"] == a["slices"]["test"]["n"]  # the same test items
 
 
 def test_prune_removes_stale_nested_runs(tmp_path):
