@@ -34,16 +34,17 @@ TINY: dict[str, Any] = {
     },
     "models": {"param_target": 20000, "param_tolerance": 0.2, "vit": {"depth": 2}, "resnet": {"layers": [1, 1]}},
     "tasks": {"names": ["alignment", "relation"], "alignment": {"n": 400}, "relation": {"n": 400}},
-    "slice": {"train_sizes": [64, 128], "val_size": 32, "test_size": 64},
+    "slice": {"train_sizes": [64, 128, 256], "val_size": 32, "test_size": 64},
     "train": {
-        "tasks": ["alignment", "relation"], "archs": {"vit": "vit", "resnet": "resnet"}, "seeds": [0],
-        "size": 128,
-        "curve": {"tasks": ["alignment"], "archs": {"resnet": "resnet"}, "sizes": [64]},
+        "archs": {"vit": {"models": "vit", "tasks": ["alignment", "relation"]},
+                  "resnet": {"models": "resnet", "tasks": ["alignment", "relation"]}},
+        "seeds": [0], "size": 128, "grids": {"curve": {"archs": ["resnet"], "tasks": ["alignment"], "sizes": [64]}},
         "recipe": {"steps": 20, "batch_size": 16, "warmup_steps": 2},
         "runtime": {"workers": 1, "val_every_steps": 10, "log_every_steps": 5, "checkpoint_every_steps": 5,
                     "eval_batch_size": 256},
     },
-    "distill": {"teachers": {"resnet": "resnet"}, "students": {"deit": "resnet"}, "tasks": ["alignment"]},
+    "distill": {"teachers": {"resnet": "resnet"}, "students": {"deit": "resnet"}, "tasks": ["alignment"],
+                "teacher_size": 256},
 }
 
 
@@ -56,7 +57,7 @@ def merge(base: dict, over: dict) -> dict:
 
 
 # Mappings that name what runs (architectures, teachers, students) replace the repository's, not merge.
-REPLACE = {("train", "archs"), ("train", "curve", "archs"), ("distill", "teachers"), ("distill", "students")}
+REPLACE = {("train", "archs"), ("train", "grids"), ("distill", "teachers"), ("distill", "students")}
 
 
 def tiny_params(overrides: dict | None = None, source: Path = ROOT / "params.yaml") -> dict:

@@ -233,3 +233,52 @@ def architecture_table(params: Params, num_classes: int | None = None) -> pd.Dat
                                for a, p in zip(out.arch, out.partner, strict=True)]
     first = ["arch", "description", "partner", "width", "params", "deviation", "forward_flops", "flops_vs_partner"]
     return out[first + [c for c in out.columns if c not in first]]
+
+
+# --------------------------------------------------------------------------- one run's budget (runcore)
+FLOPS_CONVENTION = ("2 FLOPs per multiply-add of matmul/conv ops (torch FlopCounterMode, MATH attention); "
+                    "train = 3 x forward")
+
+
+def tokens_per_image(model: nn.Module, params: Params) -> int:
+    """Image tokens the first layer sees: patches for ViT/DeiT/Swin, pixel positions for the CNN."""
+    pe = getattr(model, "patch_embed", None)
+    if pe is not None and getattr(pe, "num_patches", None):
+        return int(pe.num_patches)
+    return params.geometry.image_size ** 2
+
+
+def count_budget(model: nn.Module, params: Params, steps: int, teacher: dict | None) -> dict:
+    """Counted (not measured) budget of one run; the convention is stated in ``flops_convention``.
+
+    A distilled student is also charged its teacher's eval-mode forward on every student image and the
+    teacher's whole training run (not amortised over the students it teaches).
+    """
+    from pipeline.models import param_count
+
+    batch = params.train.recipe.batch_size
+    images = steps * batch
+    fwd = measured_forward_flops(model, params)
+    tokens = tokens_per_image(model, params)
+    counts = {
+        "params": param_count(model), "optimizer_steps": steps, "batch_size": batch, "images_seen": images,
+        "tokens_per_image": tokens, "tokens_seen": images * tokens, "forward_flops_per_image": fwd,
+        "train_flops": training_flops(fwd, images),
+        "teacher_forward_flops": teacher_flops(teacher["forward_flops_per_image"], images) if teacher else 0,
+        "teacher_train_flops": teacher["train_flops"] if teacher else 0,
+        "flops_convention": FLOPS_CONVENTION,
+    }
+    counts["total_flops_with_teacher"] = (counts["train_flops"] + counts["teacher_forward_flops"]
+                                          + counts["teacher_train_flops"])
+    return counts
+
+
+def optimizer_steps(model: nn.Module, params: Params, num_classes: int, budget_mode: str, steps: int) -> int:
+    """``steps`` for every arch, or (flops) as many as the reference arch's FLOPs at ``steps`` buy."""
+    if budget_mode == "steps":
+        return steps
+    r = params.train.recipe
+    ref = build_model(r.flops_reference_arch, params, num_classes)
+    target = training_flops(measured_forward_flops(ref, params), steps * r.batch_size)
+    own = train_flops_per_image(measured_forward_flops(model, params))
+    return steps_for_flops(target, own, r.batch_size)

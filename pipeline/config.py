@@ -23,7 +23,8 @@ Fraction = Annotated[float, Field(ge=0, le=1)]
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # allow_inf_nan=False: `.inf`/`.nan` are refused for every float key (a non-finite lr diverges at step 1).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------------- geometry
@@ -143,49 +144,53 @@ class Models(Section):
 
 
 # --------------------------------------------------------------------------- training
-# The params section each architecture reads (pipeline/archs.py). The train/curve/teacher matrices map an
-# architecture to its section (e.g. ``vit_nopos: vit``) so that dvc.yaml can declare exactly ``models.<section>``
-# per entry: editing ``models.swin`` reruns the Swin family, nothing else.
-def _check_archs(archs: dict[str, str], key: str) -> None:
-    for arch, section in archs.items():
-        if arch not in ARCHS:
-            raise ValueError(f"{key}.{arch}: unknown architecture (known: {', '.join(ARCHS)})")
-        if section != ARCHS[arch].section:
-            raise ValueError(f"{key}.{arch}: reads models.{ARCHS[arch].section}, not models.{section}")
+BudgetMode = Literal["steps", "flops"]
 
 
-class Curve(Section):
-    """The data-size axis: these tasks x archs are also trained on every size in ``sizes``."""
+def arch_section(arch: str) -> str | None:
+    """The models.<section> an architecture reads (the one table: pipeline/archs.py); None if unknown."""
+    info = ARCHS.get(arch)
+    return info.section if info else None
 
-    tasks: list[str] = ["natural"]
-    archs: dict[str, str] = {"vit": "vit", "resnet": "resnet"}
-    sizes: list[PosInt] = [1000, 4000]
 
-    @model_validator(mode="after")
-    def _archs(self) -> Curve:
-        _check_archs(self.archs, "archs")
-        return self
+class ArchEntry(Section):
+    """One trained architecture: the models.<section> it reads and the tasks where its contrast matters."""
+
+    models: str
+    tasks: list[str]
+
+
+class Grid(Section):
+    """Extra axes over the main grid; an omitted key takes the main grid's value."""
+
+    archs: list[str] | None = None  # omitted: every train.archs entry
+    tasks: list[str] | None = None  # omitted: each arch's own tasks
+    sizes: list[PosInt] | None = None  # omitted: [train.size]
+    steps: list[PosInt] | None = None  # omitted: [train.recipe.steps]
+    seeds: list[NonNegInt] | None = None  # omitted: train.seeds
+    data_seeds: list[NonNegInt] | None = None  # omitted: [0] (the slice stage's subset)
+    budget_mode: BudgetMode | None = None  # omitted: train.recipe.budget_mode
 
 
 class Recipe(Section):
     """One recipe for every architecture: tuning effort is matched by construction (the same knobs for all)."""
 
-    budget_mode: Literal["steps", "flops"] = "steps"  # equal optimizer steps+data, or equal training FLOPs
-    steps: PosInt = 1000  # optimizer steps (budget_mode=steps), or the reference arch's steps (flops)
-    flops_reference_arch: str = "vit"  # budget_mode=flops: every arch spends this arch's training FLOPs
-    batch_size: PosInt = 64
-    lr: PosFloat = 2e-3
-    weight_decay: Annotated[float, Field(ge=0)] = 0.05
-    warmup_steps: NonNegInt = 50
-    min_lr_ratio: Fraction = 0.0  # cosine decays to lr * min_lr_ratio
-    label_smoothing: Annotated[float, Field(ge=0, lt=1)] = 0.0
-    grad_clip: Annotated[float, Field(ge=0)] = 1.0  # 0 disables
+    budget_mode: BudgetMode  # equal optimizer steps+data, or equal training FLOPs
+    steps: PosInt  # optimizer steps (budget_mode=steps), or the reference arch's steps (flops)
+    flops_reference_arch: str  # budget_mode=flops: every arch spends this arch's training FLOPs
+    batch_size: PosInt
+    lr: PosFloat
+    weight_decay: Annotated[float, Field(ge=0)]
+    warmup_steps: NonNegInt
+    min_lr_ratio: Fraction  # cosine decays to lr * min_lr_ratio
+    label_smoothing: Annotated[float, Field(ge=0, lt=1)]
+    grad_clip: Annotated[float, Field(ge=0)]  # 0 disables
 
     @model_validator(mode="after")
     def _ranges(self) -> Recipe:
         if self.warmup_steps >= self.steps:
             raise ValueError(f"warmup_steps: {self.warmup_steps} must be below steps {self.steps}")
-        if self.flops_reference_arch not in ARCHS:
+        if arch_section(self.flops_reference_arch) is None:
             raise ValueError(f"flops_reference_arch: unknown architecture {self.flops_reference_arch!r}")
         return self
 
@@ -193,53 +198,74 @@ class Recipe(Section):
 class Runtime(Section):
     """How runs execute. Lightning's own scaling knobs go straight to ``lightning.Trainer`` (README "Scaling")."""
 
-    workers: PosInt = 2  # runs side by side, one process each (2 cores: two 1-thread processes)
-    threads: PosInt = 1  # torch threads per process
-    accelerator: str = "cpu"
-    devices: int | str = 1
-    strategy: str = "auto"
-    num_nodes: PosInt = 1
-    precision: str = "32-true"
-    val_every_steps: PosInt = 100
-    log_every_steps: PosInt = 20
-    checkpoint_every_steps: PosInt = 50  # resume granularity after an interruption
-    eval_batch_size: PosInt = 1000
+    workers: PosInt  # runs side by side, one process each (2 cores: two 1-thread processes)
+    threads: PosInt  # torch threads per process
+    accelerator: str
+    devices: int | str
+    strategy: str
+    num_nodes: PosInt
+    precision: str
+    val_every_steps: PosInt
+    log_every_steps: PosInt
+    checkpoint_every_steps: PosInt  # resume granularity after an interruption
+    eval_batch_size: PosInt
 
 
 class Train(Section):
-    """The grid (tasks x archs x seeds at one size, plus the data-size curve), the recipe, the runtime."""
+    """The main grid (each arch on its tasks x seeds at one size), extra grids, the recipe, the runtime."""
 
-    tasks: list[str] = ["alignment", "scale", "relation", "arrangement"]
-    archs: dict[str, str] = {"vit": "vit", "vit_nopos": "vit", "vit_sincos": "vit", "swin": "swin",
-                             "swin_noshift": "swin", "resnet": "resnet"}
-    seeds: list[NonNegInt] = [0, 1]
-    size: PosInt = 4000  # training-set size of the main grid (one of slice.train_sizes)
-    curve: Curve = Curve()
-    recipe: Recipe = Recipe()
-    runtime: Runtime = Runtime()
+    seeds: list[NonNegInt]
+    size: PosInt  # training-set size of the main grid (one of slice.train_sizes)
+    archs: dict[str, ArchEntry]
+    grids: dict[str, Grid]
+    recipe: Recipe
+    runtime: Runtime
 
     @model_validator(mode="after")
     def _archs(self) -> Train:
-        _check_archs(self.archs, "archs")
+        for arch, entry in self.archs.items():
+            if arch_section(arch) is None:
+                raise ValueError(f"archs.{arch}: unknown architecture (known: "
+                                 f"{', '.join(ARCHS)})")
+            if entry.models != arch_section(arch):
+                raise ValueError(f"archs.{arch}.models: {arch} reads models.{arch_section(arch)}, "
+                                 f"not models.{entry.models}")
+        for name, grid in self.grids.items():
+            if unknown := [a for a in grid.archs or [] if a not in self.archs]:
+                raise ValueError(f"grids.{name}.archs: {unknown} not in train.archs")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds: must be a non-empty list of distinct seeds, got {self.seeds}")
         return self
+
+    @property
+    def tasks(self) -> list[str]:
+        """Every task some arch trains on, in first-mention order."""
+        return list(dict.fromkeys(t for e in self.archs.values() for t in e.tasks))
+
+    def sizes(self) -> list[int]:
+        """Every training-set size any grid trains at."""
+        return sorted({self.size, *(s for g in self.grids.values() for s in g.sizes or [])})
 
 
 # --------------------------------------------------------------------------- distillation
 class Distill(Section):
     """Teachers (trained by the ``teacher`` stage) and the DeiT students distilled from them."""
 
-    teachers: dict[str, str] = {"resnet": "resnet", "vit": "vit"}  # teacher arch: its models section
-    students: dict[str, str] = {"deit": "resnet", "deit_vit": "vit"}  # student label -> its teacher arch
-    tasks: list[str] = ["alignment", "scale", "arrangement"]
-    teacher_seed: NonNegInt = 0
-    soft: bool = False  # DeiT's default is hard distillation (teacher argmax)
-    tau: PosFloat = 1.0  # soft-distillation temperature
+    teachers: dict[str, str]  # teacher arch: its models section
+    students: dict[str, str]  # student name -> its teacher arch
+    tasks: list[str]
+    teacher_seed: NonNegInt
+    # Teachers train on train_<teacher_size> minus the students' train_<train.size> (nested subsets): a
+    # transfer set disjoint from the students' images, so their labels on the students' data can disagree.
+    teacher_size: PosInt
+    soft: bool  # DeiT's default is hard distillation (teacher argmax)
+    tau: PosFloat  # soft-distillation temperature
 
     @model_validator(mode="after")
     def _students(self) -> Distill:
-        _check_archs(self.teachers, "teachers")
+        for arch, section in self.teachers.items():
+            if arch_section(arch) != section:
+                raise ValueError(f"teachers.{arch}: unknown architecture or not models.{section}")
         for student, teacher in self.students.items():
             if teacher not in self.teachers:
                 raise ValueError(f"students.{student}: teacher {teacher!r} is not in distill.teachers")
@@ -261,8 +287,8 @@ class Report(Section):
 # --------------------------------------------------------------------------- tracking
 class Tracking(Section):
     # None: sqlite:///<repository root>/mlflow.db (absolute, so `dvc exp run --queue` copies log to it)
-    tracking_uri: str | None = None
-    experiment_prefix: str = "bias"
+    tracking_uri: str | None
+    experiment_prefix: str
 
 
 # --------------------------------------------------------------------------- tasks (level 2 data) and slicing
@@ -440,9 +466,9 @@ class Params(Section):
     geometry: Geometry = Geometry()
     interface: Interface = Interface()
     models: Models = Models()
-    train: Train = Train()
-    distill: Distill = Distill()
-    tracking: Tracking = Tracking()
+    train: Train
+    distill: Distill
+    tracking: Tracking
     report: Report
     tasks: Tasks = Field(default_factory=Tasks)
     slice: Slicing = Slicing()
@@ -483,13 +509,19 @@ class Params(Section):
         """Every trained task is generated, every trained size is sliced."""
         names, sizes = set(self.tasks.names), set(self.slice.train_sizes)
         t = self.train
-        for key, tasks in (("train.tasks", t.tasks), ("train.curve.tasks", t.curve.tasks),
-                           ("distill.tasks", self.distill.tasks)):
+        listed = [(f"train.archs.{a}.tasks", e.tasks) for a, e in t.archs.items()]
+        listed += [(f"train.grids.{g}.tasks", x.tasks or []) for g, x in t.grids.items()]
+        for key, tasks in [*listed, ("distill.tasks", self.distill.tasks)]:
             if missing := [x for x in tasks if x not in names]:
                 raise ValueError(f"{key}: {missing} not in tasks.names {sorted(names)}")
-        for key, wanted in (("train.size", [t.size]), ("train.curve.sizes", t.curve.sizes)):
-            if missing := [x for x in wanted if x not in sizes]:
+        wanted = [("train.size", [t.size]), ("distill.teacher_size", [self.distill.teacher_size])]
+        wanted += [(f"train.grids.{g}.sizes", x.sizes or []) for g, x in t.grids.items()]
+        for key, want in wanted:
+            if missing := [x for x in want if x not in sizes]:
                 raise ValueError(f"{key}: {missing} not in slice.train_sizes {sorted(sizes)}")
+        if self.distill.teacher_size <= t.size:
+            raise ValueError(f"distill.teacher_size: {self.distill.teacher_size} must exceed train.size {t.size} "
+                             "(teachers train on the images students do not see)")
         return self
 
     @model_validator(mode="after")

@@ -1,60 +1,58 @@
-"""One training run, end to end: data in, Lightning fit with resume, per-slice metrics and MLflow out.
+"""Training runs as four named steps: ``prepare`` (stage process) -> ``fit`` -> ``evaluate`` (worker) -> ``record``.
 
-Shared by the ``train`` and ``teacher`` stages. Counts (parameters, images, tokens, steps, FLOPs) and
-measurements (wall time, throughput, peak memory) are recorded apart, both in the metrics JSON that DVC
-tracks and in the run's MLflow record.
+* ``prepare``: a run's identity, skip it if finished, keep its checkpoint only if made by this identity, open
+  (or reopen) its MLflow run.
+* ``fit``: load the data, build the model, train with Lightning (resuming exactly from the last checkpoint).
+* ``evaluate``: pure: logits in, accuracies out.
+* ``record``: the stage process writes ``weights.pt``, ``predictions.npz`` and last ``metrics.json``, and logs
+  params, per-step curves and final metrics to MLflow (:mod:`pipeline.tracking`).
+
+Workers (:func:`pipeline.executor.map_runs`) compute and return; only the stage process writes and tracks.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
 import resource
 import shutil
 import time
 import zipfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
+import lightning as L
 import numpy as np
 
 from pipeline import budget, tracking
 from pipeline.config import Params
-from pipeline.distill import WEIGHTS, load_teacher
 from pipeline.errors import StageError
+from pipeline.executor import RunFailed, map_runs
+from pipeline.grid import RunSpec
 from pipeline.io import write_json, write_with
-from pipeline.models import param_count
-
-FLOPS_CONVENTION = ("2 FLOPs per multiply-add of matmul/conv ops (torch FlopCounterMode, MATH attention); "
-                    "train = 3 x forward")
+from pipeline.provenance import (
+    WEIGHTS,
+    code_sha256,
+    data_provenance,
+    load_teacher,
+    params_sha256,
+    read_teacher,
+    run_params,
+)
 
 
 @dataclass(frozen=True)
-class RunSpec:
-    """What one run trains, on what, and where it writes."""
+class Job:
+    """What a worker receives (picklable): the run, the params, its identity and where to resume from."""
 
-    stage: str  # "train" or "teacher": the MLflow experiment
-    task: str
-    arch: str
-    seed: int
-    train_size: int
-    data_dir: Path  # data/tasks/<task>
-    slices_dir: Path  # data/slices/<task>
-    out_dir: Path  # metrics.json, predictions.npz (DVC outs)
-    ckpt_dir: Path  # Lightning checkpoints (persisted across interruptions)
-    teacher_dir: Path | None = None  # a teacher stage output (DeiT students only)
-    label: str = ""  # the name results go by when it differs from the model (deit_vit: a deit from a ViT)
-
-    @property
-    def model_name(self) -> str:
-        return self.label or self.arch
-
-    @property
-    def name(self) -> str:
-        return f"{self.task}/{self.model_name}/n{self.train_size}/s{self.seed}"
+    spec: RunSpec
+    params: Params
+    identity: str
+    resume_from: Path | None
 
 
+# --------------------------------------------------------------------------- data
 def load_split(spec: RunSpec):
     """Arrays + indices for a task; every missing or inconsistent file is a one-line :class:`StageError`."""
     from pipeline.train import Split
@@ -79,49 +77,64 @@ def load_split(spec: RunSpec):
     if images.ndim != 4 or images.dtype != np.uint8 or len(images) != len(labels):
         raise StageError(f"{files['images']}: expected uint8 (N,H,W,C) matching labels, got "
                          f"{images.dtype} {images.shape} vs {labels.shape}")
-    key = f"train_{spec.train_size}"
-    if key not in indices:
-        sizes = sorted(int(k.removeprefix("train_")) for k in indices if k.startswith("train_"))
-        raise StageError(f"{files['indices']}: no training subset of size {spec.train_size} (have {sizes})")
     split = Split(images=images, labels=labels.astype(np.int64), indices=indices,
                   num_classes=int(meta["num_classes"]))
-    return split, meta, manifest
+    return split, manifest
 
 
-# The modules whose code decides what a run computes: part of every run's identity.
-_CODE = ("train", "experiment", "models", "budget", "distill")
+def _subset(indices: dict, size: int, where: Path) -> np.ndarray:
+    key = f"train_{size}"
+    if key not in indices:
+        sizes = sorted(int(k.removeprefix("train_")) for k in indices if k.startswith("train_"))
+        raise StageError(f"{where}: no training subset of size {size} (have {sizes})")
+    return indices[key]
 
 
-def code_fingerprint() -> str:
-    h = hashlib.sha256()
-    for name in _CODE:
-        h.update((Path(__file__).parent / f"{name}.py").read_bytes())
-    return h.hexdigest()[:16]
+def redraw(pool: np.ndarray, official: np.ndarray, labels: np.ndarray, data_seed: int) -> np.ndarray:
+    """Another class-balanced draw of ``len(official)`` training images from ``pool`` (the largest subset).
+
+    Each class keeps its count in the official subset; ``data_seed`` picks which pool images fill it. Val and
+    test are untouched, so item-paired comparisons across draws stay valid.
+    """
+    rng = np.random.default_rng(data_seed)
+    counts = np.bincount(labels[official], minlength=int(labels.max()) + 1)
+    picked = [rng.permutation(pool[labels[pool] == c])[:n] for c, n in enumerate(counts)]
+    return np.sort(np.concatenate(picked)).astype(np.int64)
 
 
-def _config_hash(spec: RunSpec, params: Params, extra: dict) -> str:
-    """Identity of a run: spec, the params it reads and the training code.
+def training_indices(spec: RunSpec, split, params: Params) -> np.ndarray:
+    """The images a run trains on: its subset, another draw of it, or (teachers) the transfer set."""
+    where, k = spec.slices_dir / "indices.npz", spec.key
+    if spec.stage == "teacher":  # disjoint from the students' images (the subsets are nested)
+        outer = _subset(split.indices, params.distill.teacher_size, where)
+        return np.setdiff1d(outer, _subset(split.indices, params.train.size, where))
+    own = _subset(split.indices, k.train_size, where)
+    if k.data_seed == 0:
+        return own
+    largest = max((x for x in split.indices if x.startswith("train_")), key=lambda x: int(x.split("_")[1]))
+    return redraw(split.indices[largest], own, split.labels, k.data_seed)
+
+
+# --------------------------------------------------------------------------- prepare (stage process)
+def identity(spec: RunSpec, params: Params) -> str:
+    """Identity of a run: what it trains, the params it reads, the code, its teacher's weights.
 
     A checkpoint or finished result made under any other identity is never resumed or reused.
     """
-    relevant = params.model_dump(mode="json", include={"geometry", "models", "distill"})
-    relevant["recipe"] = params.train.recipe.model_dump(mode="json")
-    blob = json.dumps({"spec": {k: str(v) for k, v in asdict(spec).items()}, "params": relevant,
-                       "code": code_fingerprint(), **extra}, sort_keys=True)
+    teacher = read_teacher(spec.teacher_dir, spec.key.task)[0]["checkpoint_sha256"] if spec.teacher_dir else None
+    blob = json.dumps({"key": spec.key.__dict__, "stage": spec.stage, "model": spec.model, "teacher": teacher,
+                       "params": run_params(params, spec), "code": code_sha256()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _finished(spec: RunSpec, config_hash: str) -> dict | None:
+def finished(spec: RunSpec, ident: str) -> dict | None:
     """The metrics of an identical run that already finished (an interrupted stage skips it on rerun)."""
     path = spec.out_dir / "metrics.json"
-    if path.exists():
-        try:
-            metrics = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            return None
-        if metrics.get("config_hash") == config_hash:
-            return metrics
-    return None
+    try:
+        metrics = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return metrics if metrics.get("identity") == ident and (spec.out_dir / WEIGHTS).exists() else None
 
 
 def _readable(ckpt: Path) -> bool:
@@ -134,224 +147,311 @@ def _readable(ckpt: Path) -> bool:
         return False
 
 
-def _prepare_ckpt_dir(ckpt_dir: Path, config_hash: str, params: Params) -> tuple[Path | None, str | None]:
-    """Keep a checkpoint (and the MLflow run it belongs to) only if it was made by this exact config.
+def prepare_ckpt(ckpt_dir: Path, ident: str, uri: str) -> tuple[Path | None, str | None]:
+    """Keep a checkpoint (and the MLflow run it belongs to) only if it was made under this identity.
 
-    A run that was killed before its first checkpoint, or whose config changed, is marked KILLED in MLflow
+    A run killed before its first checkpoint, or whose identity changed, is marked KILLED in MLflow
     instead of being left RUNNING forever.
     """
     stamp = ckpt_dir / "config.json"
     if stamp.exists():
         saved = json.loads(stamp.read_text())
         last = ckpt_dir / "last.ckpt"
-        if saved.get("config_hash") == config_hash and _readable(last):
+        if saved.get("identity") == ident and _readable(last):
             return last, saved.get("mlflow_run_id")
         if saved.get("mlflow_run_id"):
-            tracking.end_stale_run(saved["mlflow_run_id"], tracking.tracking_uri(params))
+            tracking.end_stale_run(saved["mlflow_run_id"], uri)
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     return None, None
 
 
-def tokens_per_image(model, params: Params) -> int:
-    """Image tokens the first layer sees: patches for ViT/DeiT/Swin, pixel positions for the CNN."""
-    pe = getattr(model, "patch_embed", None)
-    if pe is not None and getattr(pe, "num_patches", None):
-        return int(pe.num_patches)
-    return params.geometry.image_size ** 2
+def run_tags(spec: RunSpec, ident: str, params: Params) -> dict[str, str]:
+    k = spec.key
+    tags = {"task": k.task, "arch": k.arch, "model": spec.model, "seed": k.seed, "data_seed": k.data_seed,
+            "train_size": k.train_size, "steps": k.steps, "budget_mode": k.budget_mode, "identity": ident,
+            "params_sha256": params_sha256(run_params(params, spec)), "code_sha256": code_sha256()}
+    if spec.teacher_dir is not None:
+        record = read_teacher(spec.teacher_dir, k.task)[0]
+        tags.update({f"teacher.{x}": record.get(x) for x in
+                     ("arch", "mlflow_run_id", "artifact_uri", "checkpoint_sha256", "test_acc",
+                      "student_train_disagreement")})
+    return {key: str(v) for key, v in tags.items()}
 
 
-def peak_rss_mb() -> float:
-    """Peak resident memory of this process (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# --------------------------------------------------------------------------- fit (worker)
+class Curves(L.Callback):
+    """Per-step train loss and learning rate (every ``log_every_steps``) and the validation curve.
 
-
-def count_budget(model, params: Params, steps: int, teacher_record: dict | None) -> dict:
-    """Counted (not measured) budget of one run; the convention is stated in ``flops_convention``."""
-    batch = params.train.recipe.batch_size
-    images = steps * batch
-    fwd = budget.measured_forward_flops(model, params)
-    tokens = tokens_per_image(model, params)
-    counts = {
-        "params": param_count(model), "optimizer_steps": steps, "batch_size": batch, "images_seen": images,
-        "tokens_per_image": tokens, "tokens_seen": images * tokens, "forward_flops_per_image": fwd,
-        "train_flops": budget.training_flops(fwd, images),
-        # Distillation: the teacher's eval-mode forward on every student image, plus its own training run
-        # (charged in full to every student it teaches, not amortised).
-        "teacher_forward_flops": budget.teacher_flops(teacher_record["forward_flops_per_image"], images)
-        if teacher_record else 0,
-        "teacher_train_flops": teacher_record["train_flops"] if teacher_record else 0,
-        "flops_convention": FLOPS_CONVENTION,
-    }
-    counts["total_flops_with_teacher"] = (counts["train_flops"] + counts["teacher_forward_flops"]
-                                          + counts["teacher_train_flops"])
-    return counts
-
-
-def optimizer_steps(model, params: Params, num_classes: int) -> int:
-    """Steps under the matching mode: the same for every arch, or as many as the reference arch's FLOPs buy."""
-    from pipeline.models import build_model
-
-    r = params.train.recipe
-    if r.budget_mode == "steps":
-        return r.steps
-    ref = build_model(r.flops_reference_arch, params, num_classes)
-    target = budget.training_flops(budget.measured_forward_flops(ref, params), r.steps * r.batch_size)
-    own = budget.train_flops_per_image(budget.measured_forward_flops(model, params))
-    return budget.steps_for_flops(target, own, r.batch_size)
-
-
-def _mlflow_logger(spec: RunSpec, params: Params, run_id: str | None, tags: dict):
-    from lightning.pytorch.loggers import MLFlowLogger
-
-    uri = tracking.tracking_uri(params)
-    experiment = tracking.experiment_name(params, spec.stage)
-    tracking.ensure_experiment(experiment, uri)
-    return MLFlowLogger(experiment_name=experiment, tracking_uri=uri, run_name=spec.name, tags=tags,
-                        run_id=run_id, log_model=False)
-
-
-def _metric_key(key: str) -> str:
-    return re.sub(r"[^\w./ -]", "_", key)  # MLflow's allowed characters
-
-
-def run(spec: RunSpec, params: Params, save_weights: bool = False) -> dict:
-    """Train (or resume) one run and write ``metrics.json`` + ``predictions.npz``; returns the metrics.
-
-    With ``spec.teacher_dir`` the model is a DeiT student distilled from the verified teacher found there.
-    ``save_weights`` also writes the final ``state_dict`` (a teacher's checkpoint for its students).
+    Saved in every checkpoint, so a resumed run's curves are the whole run's curves.
     """
+
+    def __init__(self, name: str, total: int, every: int, ckpt_every: int, ckpt: Path):
+        self.name, self.total, self.every, self.ckpt_every, self.ckpt = name, total, every, ckpt_every, ckpt
+        self.rows: list[dict] = []  # at each validation: step, train_loss, val_loss, val_acc, lr
+        self.series: list[dict] = []  # every `every` steps: step, train/loss, lr
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step = trainer.global_step
+        if step % self.every == 0:
+            loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+            self.series.append({"step": step, "train/loss": float(loss), "lr": _lr(trainer)})
+
+    def on_validation_end(self, trainer, pl_module):
+        m = trainer.callback_metrics
+        row = {"step": trainer.global_step, "lr": _lr(trainer),
+               **{k.replace("/", "_"): float(m[k]) for k in ("train/loss", "val/loss", "val/acc") if k in m}}
+        self.rows.append(row)
+        if row["step"] % self.ckpt_every == 0 and row["step"] < self.total:
+            # The step's checkpoint was saved before this validation: save it again so it holds this row
+            # (else a run resumed from it would lack the row: validation at that step does not rerun).
+            trainer.save_checkpoint(self.ckpt)
+        print(f"  {self.name}: step {row['step']}/{self.total} val acc {row.get('val_acc', float('nan')):.3f}",
+              flush=True)
+
+    @property
+    def state_key(self) -> str:
+        return "Curves"  # one key for subclasses too, so any checkpoint restores the curves
+
+    def state_dict(self) -> dict:
+        return {"rows": self.rows, "series": self.series}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.rows, self.series = list(state_dict["rows"]), list(state_dict.get("series", []))
+
+
+def _lr(trainer) -> float:
+    return float(trainer.optimizers[0].param_groups[0]["lr"])
+
+
+def _trainer(job: Job, steps: int, callbacks: list):
+    import lightning as L
+
+    rt, recipe = job.params.train.runtime, job.params.train.recipe
+    return L.Trainer(
+        max_steps=steps, accelerator=rt.accelerator, devices=rt.devices, strategy=rt.strategy,
+        num_nodes=rt.num_nodes, precision=rt.precision, deterministic=True, logger=False,
+        callbacks=callbacks, val_check_interval=min(rt.val_every_steps, steps), check_val_every_n_epoch=None,
+        log_every_n_steps=rt.log_every_steps, gradient_clip_val=recipe.grad_clip or None,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+
+
+def _diverged(err: FloatingPointError, params: Params) -> FloatingPointError:
+    r = params.train.recipe
+    return FloatingPointError(f"{err}: training diverged; likely causes train.recipe.lr={r.lr}, "
+                              f"warmup_steps={r.warmup_steps}, grad_clip={r.grad_clip}")
+
+
+def fit(job: Job) -> dict:
+    """Train (or resume) one run in this process and evaluate it; returns everything :func:`record` writes."""
     import lightning as L
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from pipeline.models import build_model
-    from pipeline.train import ArrayData, Classifier, History, predict, slice_accuracy
+    from pipeline.train import ArrayData, Classifier
 
+    spec, params = job.spec, job.params
     recipe, rt = params.train.recipe, params.train.runtime
-    split, _meta, manifest = load_split(spec)
-    L.seed_everything(spec.seed, workers=True, verbose=False)
+    split, manifest = load_split(spec)
+    train_idx = training_indices(spec, split, params)
+    split.indices["fit"] = train_idx
+    L.seed_everything(spec.key.seed, workers=True, verbose=False)
     torch.set_num_threads(rt.threads)
-
-    teacher, teacher_record = None, None
-    if spec.teacher_dir is not None:
-        teacher, teacher_record = load_teacher(spec.teacher_dir, spec.task, params, split.num_classes)
-    model = build_model(spec.arch, params, split.num_classes)
+    teacher, record = (load_teacher(spec.teacher_dir, spec.key.task, params, split.num_classes)
+                       if spec.teacher_dir else (None, None))
+    model = build_model(spec.model, params, split.num_classes)
     if hasattr(model, "set_distilled_training"):
         model.set_distilled_training(teacher is not None)
-    steps = optimizer_steps(model, params, split.num_classes)
-    counts = count_budget(model, params, steps, teacher_record)
-
-    config_hash = _config_hash(spec, params, {"teacher": (teacher_record or {}).get("checkpoint_sha256")})
-    if (done := _finished(spec, config_hash)) is not None:
-        print(f"  {spec.name}: already finished with this configuration, kept", flush=True)
-        spec.ckpt_dir.mkdir(parents=True, exist_ok=True)  # a declared DVC out: must exist (queued exp copies)
-        return done
-    resume_from, run_id = _prepare_ckpt_dir(spec.ckpt_dir, config_hash, params)
-    tags = {"task": spec.task, "arch": spec.model_name, "model": spec.arch, "seed": str(spec.seed),
-            "train_size": str(spec.train_size), "git_commit": tracking.git_commit(),
-            "data_sha256": manifest.get("data_sha256", ""), "config_hash": config_hash,
-            "train_slice_sha256": manifest.get("sha256", {}).get(f"train_{spec.train_size}", ""),
-            **{f"teacher.{k}": str(v) for k, v in (teacher_record or {}).items()}}
-    logger = _mlflow_logger(spec, params, run_id, tags)
-    write_json(spec.ckpt_dir / "config.json", {"config_hash": config_hash, "mlflow_run_id": logger.run_id})
-    if resume_from is None:
-        logger.log_hyperparams({
-            **tracking.flatten(params.train.model_dump(mode="json"), "train."),
-            **tracking.flatten(params.models.model_dump(mode="json"), "models."),
-            **tracking.flatten(params.geometry.model_dump(mode="json"), "geometry."),
-            "arch": spec.model_name, "model": spec.arch, "task": spec.task, "seed": spec.seed,
-            "train_size": spec.train_size, "num_classes": split.num_classes,
-            **{f"budget.{k}": v for k, v in counts.items()}})
-
+    steps = budget.optimizer_steps(model, params, split.num_classes, spec.key.budget_mode, spec.key.steps)
     module = Classifier(model, lr=recipe.lr, weight_decay=recipe.weight_decay, warmup_steps=recipe.warmup_steps,
                         total_steps=steps, min_lr_ratio=recipe.min_lr_ratio, label_smoothing=recipe.label_smoothing,
                         teacher=teacher, soft_distillation=params.distill.soft, distillation_tau=params.distill.tau)
-    start_step = int(torch.load(resume_from, weights_only=True)["global_step"]) if resume_from else 0
-    data = ArrayData(split, f"train_{spec.train_size}", recipe.batch_size, rt.eval_batch_size, spec.seed,
-                     total_steps=steps)
+    data = ArrayData(split, "fit", recipe.batch_size, rt.eval_batch_size, spec.key.seed, total_steps=steps)
     ckpt = ModelCheckpoint(dirpath=spec.ckpt_dir, filename="last", save_top_k=1,
                            every_n_train_steps=rt.checkpoint_every_steps, enable_version_counter=False)
-    history = History(spec.name, steps)
-    trainer = L.Trainer(
-        max_steps=steps, accelerator=rt.accelerator, devices=rt.devices, strategy=rt.strategy,
-        num_nodes=rt.num_nodes, precision=rt.precision, deterministic=True, logger=logger,
-        callbacks=[ckpt, history], val_check_interval=min(rt.val_every_steps, steps),
-        check_val_every_n_epoch=None, log_every_n_steps=rt.log_every_steps,
-        gradient_clip_val=recipe.grad_clip or None, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0,
-    )
+    curves = Curves(spec.name, steps, rt.log_every_steps, rt.checkpoint_every_steps, spec.ckpt_dir / "last.ckpt")
+    trainer = _trainer(job, steps, [ckpt, curves])
+    start = int(torch.load(job.resume_from, weights_only=True)["global_step"]) if job.resume_from else 0
     t0 = time.perf_counter()
-    trainer.fit(module, datamodule=data, ckpt_path=resume_from)  # a failure marks the MLflow run FAILED
-    wall = time.perf_counter() - t0
-
-    client = logger.experiment
     try:
-        test_idx = split.indices["test"]
-        logits = predict(model, split.images[test_idx], rt.eval_batch_size)
-        pred = np.full(len(split.labels), -1, dtype=np.int64)
-        pred[test_idx] = logits.argmax(-1)
-        slices = slice_accuracy(pred, split.labels, split.indices)
-        # Consistency under a one-pixel (cyclic) shift along x: does the prediction survive a translation
-        # that moves content across patch boundaries?
-        shifted = predict(model, np.roll(split.images[test_idx], 1, axis=2), rt.eval_batch_size)
-        shift_consistency = float((shifted.argmax(-1) == logits.argmax(-1)).mean())
-        steps_run = trainer.global_step - start_step
-        measured = {"wall_time_s": wall, "resumed": resume_from is not None, "steps_this_process": steps_run,
-                    "images_per_s": steps_run * recipe.batch_size / wall if wall > 0 else 0.0,
-                    "peak_rss_mb": peak_rss_mb()}
-        val = trainer.callback_metrics.get("val/acc")
-        metrics = {
-            "task": spec.task, "arch": spec.model_name, "model": spec.arch, "seed": spec.seed,
-            "train_size": spec.train_size, "test_acc": slices["test"]["acc"],
-            "val_acc": float(val) if val is not None else None, "shift_consistency": shift_consistency,
-            "slices": slices, "curve": history.rows, "budget": counts, "measured": measured,
-            "mlflow_run_id": logger.run_id,
-            "config_hash": config_hash, "data_sha256": tags["data_sha256"],
-            "train_slice_sha256": tags["train_slice_sha256"],
-            **({"teacher": teacher_record} if teacher_record else {}),
-        }
-        final = {"test/acc": slices["test"]["acc"], "test/shift_consistency": shift_consistency,
-                 **{f"test/{k}": v["acc"] for k, v in slices.items() if k != "test"},
-                 **{f"budget/{k}": v for k, v in counts.items() if isinstance(v, (int, float))},
-                 **{f"measured/{k}": float(v) for k, v in measured.items()}}
-        for key, value in final.items():
-            client.log_metric(logger.run_id, _metric_key(key), float(value))
-        if save_weights:
-            write_with(spec.out_dir / WEIGHTS, lambda tmp: torch.save(model.state_dict(), tmp))
-        write_with(spec.out_dir / "predictions.npz",
-                   lambda tmp: np.savez_compressed(tmp.open("wb"), index=test_idx, logits=logits))
-        write_json(spec.out_dir / "metrics.json", metrics)  # last: its presence marks the run finished
-        client.log_artifact(logger.run_id, str(spec.out_dir / "metrics.json"))
-        for f in spec.ckpt_dir.iterdir():  # checkpoints only serve a resume; the result is complete
-            f.unlink()
-    except BaseException:
-        client.set_terminated(logger.run_id, "FAILED")
-        raise
+        trainer.fit(module, datamodule=data, ckpt_path=job.resume_from)
+    except FloatingPointError as err:
+        raise _diverged(err, params) from None
+    wall = time.perf_counter() - t0
+    val = trainer.callback_metrics.get("val/acc")
+    measured = {"wall_time_s": wall, "resumed": job.resume_from is not None,
+                "steps_this_process": trainer.global_step - start,
+                "images_per_s": (trainer.global_step - start) * recipe.batch_size / wall if wall > 0 else 0.0,
+                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    extra = ({"student_train": _subset(split.indices, params.train.size, spec.slices_dir)}
+             if spec.stage == "teacher" else {})
+    return {"evaluation": evaluate(model, split, rt.eval_batch_size, extra),
+            "val_acc": float(val) if val is not None else None, "curve": curves.rows, "series": curves.series,
+            "budget": budget.count_budget(model, params, steps, record), "measured": measured,
+            "provenance": {**data_provenance(manifest, train_idx), "teacher": record},
+            "num_classes": split.num_classes, "state_dict": {k: v.detach().cpu() for k, v in
+                                                              model.state_dict().items()}}
+
+
+# --------------------------------------------------------------------------- evaluate (pure)
+def evaluate(model, split, batch_size: int, extra: dict[str, np.ndarray]) -> dict:
+    """Test logits, accuracy overall and per slice, one-pixel shift consistency, accuracy on ``extra`` sets.
+
+    Shift consistency: does the prediction survive a (cyclic) one-pixel shift along x, which moves content
+    across patch boundaries?
+    """
+    from pipeline.train import predict, slice_accuracy
+
+    test_idx = split.indices["test"]
+    logits = predict(model, split.images[test_idx], batch_size)
+    pred = np.full(len(split.labels), -1, dtype=np.int64)
+    pred[test_idx] = logits.argmax(-1)
+    shifted = predict(model, np.roll(split.images[test_idx], 1, axis=2), batch_size)
+    sets = {}
+    for name, idx in extra.items():
+        acc = float((predict(model, split.images[idx], batch_size).argmax(-1) == split.labels[idx]).mean())
+        sets[name] = {"acc": acc, "disagreement": 1.0 - acc, "n": int(len(idx))}
+    return {"test_idx": test_idx, "logits": logits, "slices": slice_accuracy(pred, split.labels, split.indices),
+            "shift_consistency": float((shifted.argmax(-1) == logits.argmax(-1)).mean()), "sets": sets}
+
+
+# --------------------------------------------------------------------------- record (stage process)
+def compose(job: Job, result: dict, run_id: str) -> dict:
+    """``metrics.json``: what analysis reads (one flat record per run)."""
+    spec, k, ev = job.spec, job.spec.key, result["evaluation"]
+    metrics = {
+        "task": k.task, "arch": k.arch, "model": spec.model, "teacher": spec.teacher, "seed": k.seed,
+        "data_seed": k.data_seed, "train_size": k.train_size, "steps": k.steps, "budget_mode": k.budget_mode,
+        "num_classes": result["num_classes"], "test_acc": ev["slices"]["test"]["acc"], "val_acc": result["val_acc"],
+        "shift_consistency": ev["shift_consistency"], "slices": ev["slices"], "curve": result["curve"],
+        "budget": result["budget"], "measured": result["measured"], "identity": job.identity,
+        "mlflow_run_id": run_id,
+        "provenance": {**result["provenance"], "code_sha256": code_sha256(),
+                       "params_sha256": params_sha256(run_params(job.params, spec))},
+        **ev["sets"],
+    }
+    if spec.stage == "teacher":
+        p = job.params
+        metrics["transfer_set"] = f"train_{p.distill.teacher_size} minus train_{p.train.size}"
     return metrics
 
 
-def run_pool(specs: list[RunSpec], params: Params, workers: int, save_weights: bool = False) -> list[dict]:
-    """Run several seeds side by side, one single-threaded process per core.
+def _headline(metrics: dict) -> dict:
+    """Final MLflow metrics: headline numbers unprefixed (shown first), detail grouped by prefix."""
+    b = metrics["budget"]
+    out = {"test_acc": metrics["test_acc"], "val_acc": metrics["val_acc"],
+           "shift_consistency": metrics["shift_consistency"], "params": b["params"],
+           "train_flops": b["train_flops"], "optimizer_steps": b["optimizer_steps"]}
+    out.update({k: v["acc"] for k, v in metrics["slices"].items() if k != "test"})  # "slice/<factor>=<v>"
+    out.update({f"budget/{k}": v for k, v in b.items() if isinstance(v, (int, float))})
+    out.update({f"measured/{k}": float(v) for k, v in metrics["measured"].items()})
+    out.update({f"{name}/{k}": v for name in ("student_train",) if name in metrics
+                for k, v in metrics[name].items()})
+    return out
 
-    On this 2-core machine two 1-thread processes train 11-77% faster than one 2-thread process
-    (DESIGN.md s4), and ``dvc repro`` runs stages one at a time, so the parallelism lives here. ``fork``
-    pays the torch/Lightning import once per stage instead of once per run.
-    """
-    import multiprocessing
 
-    if workers <= 1 or len(specs) <= 1:
-        return [run(s, params, save_weights) for s in specs]
-    with multiprocessing.get_context("fork").Pool(min(workers, len(specs))) as pool:
-        return pool.starmap(run, [(s, params, save_weights) for s in specs])
+def record(job: Job, result: dict, tracker: tracking.StageRun, run_id: str) -> dict:
+    """Write the run's files (``metrics.json`` last: its presence marks the run finished) and log it."""
+    import torch
+
+    from pipeline.provenance import PROVENANCE, teacher_record
+
+    spec, ev = job.spec, result["evaluation"]
+    metrics = compose(job, result, run_id)
+    series = [*result["series"], *({"step": r["step"], "val/loss": r.get("val_loss"), "val/acc": r.get("val_acc")}
+                                   for r in result["curve"])]
+    tracker.log(run_id, metrics=_headline(metrics), series=series,
+                tags={"data_sha256": metrics["provenance"]["data_sha256"],
+                      "train_slice_sha256": metrics["provenance"]["train_slice_sha256"]})
+    weights = write_with(spec.out_dir / WEIGHTS, lambda tmp: torch.save(result["state_dict"], tmp))
+    write_with(spec.out_dir / "predictions.npz",
+               lambda tmp: np.savez_compressed(tmp.open("wb"), index=ev["test_idx"], logits=ev["logits"]))
+    if spec.stage == "teacher":
+        uri = tracker.artifact(weights, run_id, "model")
+        rec = teacher_record(metrics, weights, run_id, uri, metrics["transfer_set"])
+        tracker.log(run_id, tags={f"teacher.{k}": v for k, v in rec.items()})
+        write_json(spec.out_dir / PROVENANCE, rec)
+    write_json(spec.out_dir / "metrics.json", metrics)
+    tracker.artifact(spec.out_dir / "metrics.json", run_id)
+    tracker.finish(run_id)
+    for f in spec.ckpt_dir.iterdir():  # checkpoints only serve a resume; the result is complete
+        f.unlink()
+    return metrics
+
+
+# --------------------------------------------------------------------------- orchestration
+def _log_dir(ckpt_root: Path) -> Path:
+    """Tracebacks of failed runs: ``.dvc/tmp/logs`` in a DVC repository, else beside the checkpoints."""
+    dvc = tracking.repo_root(ckpt_root) / ".dvc"
+    return dvc / "tmp" / "logs" if dvc.is_dir() else ckpt_root / "logs"
+
+
+def _open(specs: list[RunSpec], params: Params, tracker: tracking.StageRun) -> tuple[list, dict, list]:
+    """prepare: skip finished runs, open (or reopen) the MLflow run of every other one."""
+    jobs, run_ids, done = [], {}, []
+    uri = tracking.tracking_uri(params)
+    for spec in specs:
+        ident = identity(spec, params)
+        if (m := finished(spec, ident)) is not None:
+            print(f"  {spec.name}: already finished with this configuration, kept", flush=True)
+            spec.ckpt_dir.mkdir(parents=True, exist_ok=True)  # a declared DVC out: must exist
+            done.append(m)
+            continue
+        resume_from, run_id = prepare_ckpt(spec.ckpt_dir, ident, uri)
+        read = run_params(params, spec)
+        params_log = {**read, "run": {**spec.key.__dict__, "model": spec.model, "teacher": spec.teacher}}
+        run_ids[spec.name] = tracker.open(spec.name, run_tags(spec, ident, params), params_log, run_id)
+        write_json(spec.ckpt_dir / "config.json", {"identity": ident, "mlflow_run_id": run_ids[spec.name]})
+        jobs.append(Job(spec, params, ident, resume_from))
+    return jobs, run_ids, done
+
+
+def execute(specs: list[RunSpec], params: Params, stage: str, name: str, ckpt_root: Path) -> list[dict]:
+    """Run every spec (finished ones are kept) under one parent MLflow run; returns every run's metrics."""
+    print(f"[{datetime.now():%H:%M:%S}] == {name}: {len(specs)} runs on {params.train.runtime.workers} worker(s)",
+          flush=True)
+    with tracking.stage_run(params, stage, name) as tracker:
+        jobs, run_ids, results = _open(specs, params, tracker)
+        pending = {j.spec.name: j for j in jobs}
+        try:
+            for job, result in map_runs(fit, jobs, workers=params.train.runtime.workers,
+                                        describe=lambda j: j.spec.name,
+                                        log_dir=_log_dir(ckpt_root)):
+                results.append(m := record(job, result, tracker, run_ids[job.spec.name]))
+                pending.pop(job.spec.name)
+                print(f"  {job.spec.name}: test acc {m['test_acc']:.3f}", flush=True)
+        except RunFailed as err:
+            for run_name, job in pending.items():  # the failed run: FAILED; the others can resume
+                if run_name != err.name:
+                    tracker.kill(run_ids[run_name])
+                    continue
+                tracker.fail(run_ids[run_name])
+                if err.summary.startswith("FloatingPointError"):  # a diverged run's checkpoints are worthless
+                    remove_run_dir(job.spec.ckpt_dir, ckpt_root)
+            raise
+    return results
 
 
 def prune(root: Path, keep: list[Path]) -> None:
-    """Delete run folders under ``root`` that the current grid no longer has (persisted outputs stay clean)."""
+    """Delete run folders under ``root`` that the current grid no longer has (persisted outputs stay clean).
+
+    The folders are collected before any is deleted: deleting while ``rglob`` walks them fails.
+    """
     if not root.exists():
         return
     keep_set = {k.resolve() for k in keep}
-    for metrics in root.rglob("metrics.json"):
-        folder = metrics.parent.resolve()
-        if folder not in keep_set:
-            shutil.rmtree(folder)
+    stale = sorted({m.parent.resolve() for m in root.rglob("metrics.json")} - keep_set)
+    for folder in stale:
+        if folder.exists():  # else inside a folder already removed
+            remove_run_dir(folder, root)
+
+
+def remove_run_dir(folder: Path, root: Path) -> None:
+    """Delete ``folder`` and the folders above it it leaves empty, up to (not including) ``root``."""
+    folder, root = folder.resolve(), root.resolve()
+    shutil.rmtree(folder, ignore_errors=True)
+    for parent in folder.parents:
+        if parent == root or not parent.is_relative_to(root) or not parent.exists() or any(parent.iterdir()):
+            break
+        parent.rmdir()

@@ -1,24 +1,43 @@
-"""MLflow at the edges: one sqlite store per repository, one experiment per stage.
+"""MLflow at the edge: the only module that imports ``mlflow``. One store per repository, one experiment per stage.
 
-The store path is absolute and resolved to the *original* repository even when DVC runs a queued
-experiment in a copy under ``.dvc/tmp/exps/``, so every run of a sweep lands in the same store.
-Creating a fresh sqlite store from several processes at once corrupts it, so the first creation
-(and experiment creation) happens under a file lock.
+Lifecycle (the stage process alone calls it; workers never talk to MLflow):
+
+* :func:`check_store` before any work: an unreachable server or a corrupt sqlite file is one clear line.
+* :func:`stage_run` opens one parent run per stage invocation (with system metrics); its :class:`StageRun`
+  opens the nested run of each training run (``open``, or reopen a resumed one), ``record`` s what the worker
+  returned, and ends it ``FINISHED``, ``FAILED`` (``fail``) or ``KILLED`` (``kill``, also :func:`end_stale_run`).
+
+The store path is absolute and resolved to the *original* repository even when DVC runs a queued experiment in
+a copy under ``.dvc/tmp/exps/``, so every run of a sweep lands in the same store. Creating a fresh sqlite store
+from several processes at once corrupts it, so store and experiment creation happen under a file lock.
+
+Metric names: the headline numbers (``test_acc``, ``val_acc``, ``params``, ``train_flops``, ...) carry no
+prefix, so MLflow's run page shows them in its first chart section ("Model metrics"); the detail is grouped by
+prefix (``slice/``, ``budget/``, ``measured/``, ``train/``, ``val/``).
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import re
 import subprocess
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from pipeline.config import Params
+from pipeline.errors import ConfigError, StageError
 
 STORE_NAME = "mlflow.db"
+# MLflow 3 opens an experiment of this kind on its runs table (classic training), not the GenAI overview.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+SQLITE_MAGIC = b"SQLite format 3\x00"
+HTTP_TIMEOUT_S = 5
 
 
 def repo_root(start: str | Path | None = None) -> Path:
@@ -43,6 +62,48 @@ def tracking_uri(params: Params | None = None, start: str | Path | None = None) 
     return f"sqlite:///{repo_root(start) / STORE_NAME}"
 
 
+def check_store(params: Params) -> str:
+    """The tracking URI, once it is known to work: refuses a corrupt sqlite file or an unreachable server.
+
+    Runs before any training, so a bad store costs seconds, not a stage's worth of runs left unrecorded.
+    Never writes to a bad store (the file is kept for forensics).
+    """
+    uri = tracking_uri(params)
+    key = "tracking.tracking_uri" if params.tracking.tracking_uri else "MLFLOW_TRACKING_URI / mlflow.db"
+    if uri.startswith("sqlite:///"):
+        path = Path(uri.removeprefix("sqlite:///"))
+        if path.exists() and path.stat().st_size and path.read_bytes()[:16] != SQLITE_MAGIC:
+            raise StageError(f"{path}: not an SQLite MLflow store (corrupt?); move it aside and rerun "
+                             "(a fresh store is created)")
+    elif uri.startswith(("http://", "https://")):
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")  # MLflow's default retries for minutes
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+        try:
+            with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=HTTP_TIMEOUT_S):  # noqa: S310
+                pass
+        except (urllib.error.URLError, OSError, ValueError) as err:
+            raise ConfigError(f"{key}: MLflow server {uri} not reachable within {HTTP_TIMEOUT_S} s "
+                              f"({getattr(err, 'reason', err)})") from None
+    with _store_lock(uri):  # a new sqlite store is created here, once
+        _client(uri).search_experiments(max_results=1)  # a store MLflow cannot open fails here, before training
+    return uri
+
+
+def _client(uri: str):
+    import logging
+
+    from mlflow.exceptions import MlflowException
+
+    for name in ("mlflow.store.db.utils", "alembic"):  # "Creating initial MLflow database tables..."
+        logging.getLogger(name).setLevel(logging.WARNING)
+    from mlflow.tracking import MlflowClient
+
+    try:
+        return MlflowClient(tracking_uri=uri)
+    except MlflowException as err:
+        raise StageError(f"{uri}: MLflow cannot open the store ({str(err).splitlines()[0]})") from None
+
+
 @contextmanager
 def _store_lock(uri: str) -> Iterator[None]:
     if uri.startswith("sqlite:///"):
@@ -59,31 +120,45 @@ def _store_lock(uri: str) -> Iterator[None]:
 
 
 def ensure_experiment(name: str, uri: str) -> str:
-    """Create (once, under a lock) or fetch the experiment; returns its id."""
-    from mlflow.tracking import MlflowClient
-
+    """Create (once, under a lock) or fetch the experiment, tagged to open on its runs table; returns its id."""
     with _store_lock(uri):
-        client = MlflowClient(tracking_uri=uri)
+        client = _client(uri)
         exp = client.get_experiment_by_name(name)
-        if exp is not None:
-            return exp.experiment_id
-        return client.create_experiment(name)
+        if exp is None:
+            return client.create_experiment(name, tags=EXPERIMENT_KIND)
+        for k, v in EXPERIMENT_KIND.items():
+            if exp.tags.get(k) != v:
+                client.set_experiment_tag(exp.experiment_id, k, v)
+        return exp.experiment_id
 
 
 def experiment_name(params: Params, stage: str) -> str:
     return f"{params.tracking.experiment_prefix}-{stage}"
 
 
-def git_commit(cwd: str | Path | None = None) -> str:
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def git_commit() -> str:
     """The checked-out commit (``+dirty`` when tracked files differ), or ``unknown`` outside git."""
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        sha = _git("rev-parse", "HEAD")
+        dirty = _git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return f"{sha}+dirty" if dirty else sha
+
+
+def dvc_experiment() -> dict[str, str]:
+    """The DVC experiment this process runs in (``dvc exp run`` sets these variables), else nothing."""
+    names = {"DVC_EXP_NAME": "dvc.exp_name", "DVC_EXP_BASELINE_REV": "dvc.exp_baseline_rev"}
+    return {tag: os.environ[var] for var, tag in names.items() if os.environ.get(var)}
+
+
+def run_tags(stage: str) -> dict[str, str]:
+    """Tags every run of this process carries: the stage, the commit, and the DVC experiment if any."""
+    return {"stage": stage, "git_commit": git_commit(), **dvc_experiment()}
 
 
 def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
@@ -97,25 +172,129 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-@contextmanager
-def stage_run(params: Params, stage: str, run_name: str, tags: dict[str, str] | None = None):
-    """An MLflow run for one stage invocation; marked FAILED if the block raises."""
-    import mlflow
+def metric_key(key: str) -> str:
+    return re.sub(r"[^\w./ -]", "_", key)  # MLflow's allowed characters
 
-    uri = tracking_uri(params)
+
+def _batches(items: list, size: int) -> Iterator[list]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+
+
+class StageRun:
+    """One stage invocation's parent run, and the nested runs it opens, records and ends."""
+
+    def __init__(self, client, experiment_id: str, run_id: str, tags: dict[str, str]):
+        self.client, self.experiment_id, self.run_id, self.tags = client, experiment_id, run_id, tags
+
+    def open(self, name: str, tags: dict[str, str], params: dict[str, Any], run_id: str | None = None) -> str:
+        """A nested run (RUNNING), or the resumed ``run_id`` reopened; returns its id."""
+        from mlflow.exceptions import MlflowException
+
+        if run_id is not None:
+            try:
+                self.client.update_run(run_id, status="RUNNING")
+                return run_id
+            except MlflowException:
+                pass  # deleted, or from another store: start a new one
+        all_tags = {**self.tags, **tags, "mlflow.parentRunId": self.run_id}
+        run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
+        self.log(run.info.run_id, params=params)
+        return run.info.run_id
+
+    def log(self, run_id: str | None = None, *, params: dict | None = None, metrics: dict | None = None,
+            series: list[dict] | None = None, tags: dict | None = None) -> None:
+        """Params, tags, final metrics, and per-step ``series`` rows ``{"step": k, name: value, ...}``."""
+        from mlflow.entities import Metric, Param, RunTag
+
+        run_id = run_id or self.run_id
+        now = int(time.time() * 1000)
+        entries = [Metric(metric_key(k), float(v), now, 0) for k, v in (metrics or {}).items()
+                   if isinstance(v, (int, float)) and v == v]  # NaN is not a metric
+        for row in series or []:
+            entries += [Metric(metric_key(k), float(v), now, int(row["step"])) for k, v in row.items()
+                        if k != "step" and v is not None]
+        plist = [Param(k, str(v)[:6000]) for k, v in flatten(params or {}).items()]
+        tlist = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
+        for chunk in _batches(entries, 1000):
+            self.client.log_batch(run_id, metrics=chunk)
+        for chunk in _batches(plist, 100):
+            self.client.log_batch(run_id, params=chunk)
+        if tlist:
+            self.client.log_batch(run_id, tags=tlist)
+
+    def artifact(self, path: Path, run_id: str | None = None, folder: str | None = None) -> str:
+        """Log a file or folder; returns its artifact URI (``runs:/<id>/<folder>/<name>``)."""
+        run_id = run_id or self.run_id
+        if path.is_dir():
+            self.client.log_artifacts(run_id, str(path), folder)
+        else:
+            self.client.log_artifact(run_id, str(path), folder)
+        return f"runs:/{run_id}/{f'{folder}/' if folder else ''}{path.name}"
+
+    def finish(self, run_id: str) -> None:
+        self.client.set_terminated(run_id, "FINISHED")
+
+    def fail(self, run_id: str) -> None:
+        self.client.set_terminated(run_id, "FAILED")
+
+    def kill(self, run_id: str) -> None:
+        self.client.set_terminated(run_id, "KILLED")
+
+
+@contextmanager
+def stage_run(params: Params, stage: str, name: str, tags: dict[str, str] | None = None) -> Iterator[StageRun]:
+    """The parent run of one stage invocation (system metrics sampled while it lasts); FAILED if the block raises."""
+    import logging
+
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # start/stop banners say nothing
+    uri = check_store(params)
     exp_id = ensure_experiment(experiment_name(params, stage), uri)
-    mlflow.set_tracking_uri(uri)
-    all_tags = {"stage": stage, "git_commit": git_commit(), **(tags or {})}
-    with mlflow.start_run(experiment_id=exp_id, run_name=run_name, tags=all_tags) as run:
+    client = _client(uri)
+    base = {**run_tags(stage), **(tags or {})}
+    _end_dead_parents(client, exp_id, name)
+    parent = client.create_run(exp_id, run_name=name, tags={**base, "host": os.uname().nodename,
+                                                           "pid": str(os.getpid())})
+    run = StageRun(client, exp_id, parent.info.run_id, base)
+    monitor = SystemMetricsMonitor(run.run_id, sampling_interval=5, tracking_uri=uri)
+    monitor.start()
+    try:
         yield run
+    except BaseException:
+        monitor.finish()
+        client.set_terminated(run.run_id, "FAILED")
+        raise
+    monitor.finish()
+    client.set_terminated(run.run_id, "FINISHED")
+
+
+def _alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, ValueError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _end_dead_parents(client, exp_id: str, name: str) -> None:
+    """A killed stage leaves its parent run RUNNING: end it KILLED when its process is gone."""
+    found = client.search_runs([exp_id], filter_string=f"attributes.run_name = '{name}' and "
+                               "attributes.status = 'RUNNING'")
+    for run in found:
+        t = run.data.tags
+        if t.get("host") == os.uname().nodename and not _alive(t.get("pid", "")):
+            client.set_terminated(run.info.run_id, "KILLED")
 
 
 def end_stale_run(run_id: str, uri: str) -> None:
     """Mark a run that can no longer be resumed KILLED (only if it is still RUNNING)."""
     from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=uri)
+    client = _client(uri)
     try:
         if client.get_run(run_id).info.status == "RUNNING":
             client.set_terminated(run_id, "KILLED")

@@ -44,7 +44,8 @@ def workspace(tmp_path_factory) -> Path:
     from pipeline.stages import generate, slice, teacher
 
     ws = tmp_path_factory.mktemp("workspace")
-    params = tiny_repo.tiny_params({"tasks": {"names": ["alignment"]}, "train": {"tasks": ["alignment"]}})
+    one_task = {"archs": {a: {"models": a, "tasks": ["alignment"]} for a in ("vit", "resnet")}, "grids": {}}
+    params = tiny_repo.tiny_params({"tasks": {"names": ["alignment"]}, "train": one_task})
     tiny_repo.write_params(ws / "params.yaml", params)
     p = str(ws / "params.yaml")
     assert generate.main(["--params", p, "--task", "alignment", "--out", str(ws / "data/tasks/alignment")]) == 0

@@ -23,11 +23,11 @@ pytestmark = pytest.mark.slow
 
 OVERRIDES = {
     "tasks": {"names": ["alignment"]},
-    "train": {"tasks": ["alignment"], "archs": {"vit": "vit"},
+    "train": {"archs": {"vit": {"models": "vit", "tasks": ["alignment"]}}, "grids": {},
               "recipe": {"steps": 300, "warmup_steps": 10},
               "runtime": {"checkpoint_every_steps": 20, "val_every_steps": 100}},
 }
-RUN = Path("alignment/n128/s0")
+RUN = Path("alignment/n128-t300-s0-d0")
 
 
 def start(repo: Path, args: list[str]) -> subprocess.Popen:
@@ -99,6 +99,7 @@ def test_sigkill_then_repro_resumes_exactly(make_tiny_repo):
 def test_kill_before_first_checkpoint_marks_run_killed(make_tiny_repo):
     """No checkpoint to resume from: the rerun starts over and ends the dead MLflow run as KILLED."""
     repo = make_tiny_repo("repo", tiny_repo.merge(OVERRIDES, {"train": {"recipe": {"steps": 60, "warmup_steps": 5}}}))
+    run = Path("alignment/n128-t60-s0-d0")
     tiny_repo.dvc(repo, "repro", "slice@alignment")
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["train"]["runtime"]["checkpoint_every_steps"] = 100_000  # never reached: killed without a checkpoint
@@ -106,14 +107,14 @@ def test_kill_before_first_checkpoint_marks_run_killed(make_tiny_repo):
     cmd = train_cmd("never.yaml", "data/k", "data/k_ckpt")
 
     proc = start(repo, cmd)
-    kill_when(proc, repo / "data/k_ckpt" / RUN / "config.json")  # written once its MLflow run exists
+    kill_when(proc, repo / "data/k_ckpt" / run / "config.json")  # written once its MLflow run exists
     time.sleep(0.5)
-    proc_dead = json.loads((repo / "data/k_ckpt" / RUN / "config.json").read_text())["mlflow_run_id"]
+    proc_dead = json.loads((repo / "data/k_ckpt" / run / "config.json").read_text())["mlflow_run_id"]
     assert runs(repo)[proc_dead] == "RUNNING"
-    assert not (repo / "data/k" / RUN / "metrics.json").exists()
+    assert not (repo / "data/k" / run / "metrics.json").exists()
 
     subprocess.run(cmd, cwd=repo, env=tiny_repo.env(repo), check=True, capture_output=True)
-    finished = json.loads((repo / "data/k" / RUN / "metrics.json").read_text())
+    finished = json.loads((repo / "data/k" / run / "metrics.json").read_text())
     status = runs(repo)
     assert status[proc_dead] == "KILLED"
     assert finished["mlflow_run_id"] != proc_dead and status[finished["mlflow_run_id"]] == "FINISHED"

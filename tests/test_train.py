@@ -1,7 +1,8 @@
-"""Training through Lightning on the tiny workspace: MLflow record, exact resume, determinism, distillation."""
+"""Training through Lightning on the tiny workspace: MLflow record, provenance, exact resume, distillation."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import shutil
@@ -11,28 +12,37 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+import yaml
 from conftest import mlflow_store
 from torch.utils.data import DataLoader, TensorDataset
 
-from pipeline import train as train_mod
+from pipeline import experiment
 from pipeline.config import load_params
-from pipeline.distill import load_teacher
 from pipeline.errors import StageError
-from pipeline.experiment import RunSpec, run
+from pipeline.executor import RunFailed
+from pipeline.grid import RunKey, specs_for
+from pipeline.io import sha256_file
 from pipeline.models import build_model
+from pipeline.provenance import CODE, WEIGHTS, load_teacher
 from pipeline.train import Classifier, distillation_loss
 
 torch.set_num_threads(1)
+KEY = RunKey("alignment", "vit", 0, 128, 20, "steps")
 
 
-def spec(ws: Path, out: Path, seed: int = 0) -> RunSpec:
-    return RunSpec(stage="train", task="alignment", arch="vit", seed=seed, train_size=128,
-                   data_dir=ws / "data/tasks/alignment", slices_dir=ws / "data/slices/alignment",
-                   out_dir=out / "runs", ckpt_dir=out / "ckpt")
+def train(ws: Path, out: Path, params, stage: str = "train", key: RunKey = KEY, **teacher) -> dict:
+    """One run through the stage path (prepare -> fit -> evaluate -> record) with one in-process worker."""
+    specs = specs_for(stage, [key], ws / "data/tasks", ws / "data/slices", out / "runs", out / "ckpt", **teacher)
+    (m,) = experiment.execute(specs, params, stage, f"test/{out.name}", out / "ckpt")
+    return m
+
+
+def folder(out: Path, key: RunKey = KEY) -> Path:
+    return out / "runs" / key.folder
 
 
 def logits(out: Path) -> np.ndarray:
-    with np.load(out / "runs/predictions.npz") as z:
+    with np.load(folder(out) / "predictions.npz") as z:
         return z["logits"]
 
 
@@ -40,8 +50,8 @@ class Interrupt(Exception):
     """Stands in for a crash in the middle of a run."""
 
 
-def interrupting_progress(at_step: int):
-    class Interrupting(train_mod.History):
+def interrupting(at_step: int):
+    class Interrupting(experiment.Curves):
         def on_validation_end(self, trainer, pl_module):
             super().on_validation_end(trainer, pl_module)
             if trainer.global_step >= at_step:
@@ -51,38 +61,104 @@ def interrupting_progress(at_step: int):
 
 @pytest.fixture(scope="module")
 def runs(workspace, tmp_path_factory):
-    """Three runs of one spec: a, b (same seed, fresh) and c (interrupted at step 10, then rerun)."""
+    """Runs of one key: a, b (same seed, fresh), c (interrupted at step 10, then rerun) and a DeiT student."""
     params = load_params(workspace / "params.yaml")
     root = tmp_path_factory.mktemp("train_runs")
-    out = {name: root / name for name in "abc"}
+    out = {name: root / name for name in ("a", "b", "c", "student", "draw")}
     with mlflow_store(root):
-        metrics = {name: run(spec(workspace, out[name]), params) for name in "ab"}
+        metrics = {name: train(workspace, out[name], params) for name in "ab"}
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(train_mod, "History", interrupting_progress(10))
-            with pytest.raises(Interrupt):
-                run(spec(workspace, out["c"]), params)
-        stamp = json.loads((out["c"] / "ckpt/config.json").read_text())
-        interrupted_files = sorted(p.name for p in (out["c"] / "ckpt").iterdir())
-        metrics["c"] = run(spec(workspace, out["c"]), params)
+            mp.setattr(experiment, "Curves", interrupting(10))
+            with pytest.raises(RunFailed, match="Interrupt"):
+                train(workspace, out["c"], params)
+        ckpt = out["c"] / "ckpt" / KEY.folder
+        stamp = json.loads((ckpt / "config.json").read_text())
+        interrupted_files = sorted(p.name for p in ckpt.iterdir())
+        metrics["c"] = train(workspace, out["c"], params)
+        metrics["draw"] = train(workspace, out["draw"], params, key=RunKey("alignment", "vit", 0, 128, 20, "steps", 1))
+        metrics["student"] = train(workspace, out["student"], params, "distill", RunKey(
+            "alignment", "deit", 0, 128, 20, "steps"), teacher="resnet", teacher_dir=workspace / "data/teachers/resnet")
     return {"params": params, "root": root, "out": out, "metrics": metrics, "stamp": stamp,
-            "interrupted_files": interrupted_files}
+            "interrupted_files": interrupted_files, "uri": f"sqlite:///{root / 'mlflow.db'}"}
 
 
-def test_run_is_tracked_with_budget_and_slices(runs):
+def client(runs):
     from mlflow.tracking import MlflowClient
 
+    return MlflowClient(tracking_uri=runs["uri"])
+
+
+def test_run_is_tracked_with_budget_slices_and_curves(runs):
     m = runs["metrics"]["a"]
     assert {"params", "optimizer_steps", "images_seen", "tokens_seen", "train_flops"} <= set(m["budget"])
     assert m["budget"]["optimizer_steps"] == 20 and m["budget"]["images_seen"] == 20 * 16
     assert any(k.startswith("slice/") for k in m["slices"])
-    client = MlflowClient(tracking_uri=f"sqlite:///{runs['root'] / 'mlflow.db'}")
-    rec = client.get_run(m["mlflow_run_id"])
-    assert rec.info.status == "FINISHED"
+    assert (folder(runs["out"]["a"]) / WEIGHTS).exists() and m["num_classes"] == 4
+    c = client(runs)
+    rec = c.get_run(m["mlflow_run_id"])
+    assert rec.info.status == "FINISHED" and rec.info.run_name == "train/vit/alignment/n128-t20-s0-d0"
     assert rec.data.metrics["budget/train_flops"] == m["budget"]["train_flops"]
-    assert rec.data.params["budget.optimizer_steps"] == "20"
-    slice_metrics = [k for k in rec.data.metrics if k.startswith("test/slice/")]
-    assert len(slice_metrics) == sum(k.startswith("slice/") for k in m["slices"])
-    assert rec.data.tags["task"] == "alignment" and rec.data.tags["config_hash"] == m["config_hash"]
+    assert rec.data.metrics["test_acc"] == m["test_acc"]
+    assert rec.data.params["train.recipe.lr"] == str(runs["params"].train.recipe.lr)
+    n_slices = sum(k.startswith("slice/") for k in m["slices"])
+    assert len([k for k in rec.data.metrics if k.startswith("slice/")]) == n_slices
+    assert rec.data.tags["identity"] == m["identity"]
+    lr = c.get_metric_history(m["mlflow_run_id"], "lr")
+    assert len(lr) >= 3 and len({p.step for p in lr}) == len(lr)  # a per-step curve, not one value
+    parent = c.get_run(rec.data.tags["mlflow.parentRunId"])
+    assert parent.info.run_name == "test/a" and parent.info.status == "FINISHED"
+    exp = c.get_experiment(rec.info.experiment_id)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_every_provenance_field_matches_the_files(runs, workspace):
+    from pipeline.provenance import run_params
+
+    m, student = runs["metrics"]["a"], runs["metrics"]["student"]
+    data, slices = workspace / "data/tasks/alignment", workspace / "data/slices/alignment"
+    with np.load(slices / "indices.npz") as z:
+        train_idx = z["train_128"]
+    expected = {
+        "data_sha256": hashlib.sha256(np.load(data / "images.npy").tobytes()).hexdigest(),
+        "train_slice_sha256": hashlib.sha256(train_idx.astype(np.int64).tobytes()).hexdigest(),
+        "code_sha256": hashlib.sha256(b"".join((Path(experiment.__file__).parent / f"{n}.py").read_bytes()
+                                               for n in CODE)).hexdigest(),
+    }
+    spec = specs_for("train", [KEY], data.parent, slices.parent, Path("o"), Path("c"))[0]
+    read = json.dumps(run_params(load_params(workspace / "params.yaml"), spec), sort_keys=True)
+    expected["params_sha256"] = hashlib.sha256(read.encode()).hexdigest()
+    assert expected["train_slice_sha256"] == json.loads((slices / "manifest.json").read_text())[
+        "arrays"]["train_128"]["sha256"]
+    for key, value in expected.items():
+        assert m["provenance"][key] == value, key
+    tags = client(runs).get_run(m["mlflow_run_id"]).data.tags
+    assert tags["data_sha256"] == expected["data_sha256"] and tags["params_sha256"] == expected["params_sha256"]
+
+    teacher = student["provenance"]["teacher"]
+    weights = workspace / "data/teachers/resnet/alignment" / WEIGHTS
+    assert teacher["checkpoint_sha256"] == sha256_file(weights)
+    assert teacher["data_sha256"] == expected["data_sha256"]
+    assert all(v not in ("", None) for v in teacher.values())
+    stags = client(runs).get_run(student["mlflow_run_id"]).data.tags
+    assert stags["teacher.checkpoint_sha256"] == teacher["checkpoint_sha256"]
+    assert stags["teacher.artifact_uri"] == teacher["artifact_uri"].replace("runs:/", "runs:/")
+
+
+def test_teacher_trains_on_a_disjoint_transfer_set(runs, workspace):
+    from mlflow.artifacts import download_artifacts
+
+    folder_ = workspace / "data/teachers/resnet/alignment"
+    m = json.loads((folder_ / "metrics.json").read_text())
+    with np.load(workspace / "data/slices/alignment/indices.npz") as z:
+        transfer = np.setdiff1d(z["train_256"], z["train_128"])
+    assert m["provenance"]["train_slice_sha256"] == hashlib.sha256(transfer.astype(np.int64).tobytes()).hexdigest()
+    assert m["student_train"]["n"] == 128
+    assert m["student_train"]["disagreement"] == pytest.approx(1 - m["student_train"]["acc"])
+    record = json.loads((folder_ / "provenance.json").read_text())
+    with mlflow_store(workspace):
+        got = download_artifacts(record["artifact_uri"])
+    assert sha256_file(got) == record["checkpoint_sha256"]
+    assert runs["metrics"]["student"]["provenance"]["teacher"]["transfer_set"] == "train_256 minus train_128"
 
 
 def test_same_seed_same_metrics(runs):
@@ -92,17 +168,41 @@ def test_same_seed_same_metrics(runs):
 
 
 def test_resume_continues_from_checkpoint(runs):
-    from mlflow.tracking import MlflowClient
-
     c = runs["metrics"]["c"]
     assert "last.ckpt" in runs["interrupted_files"]
     assert c["measured"]["resumed"] and 0 < c["measured"]["steps_this_process"] < 20
     assert c["mlflow_run_id"] == runs["stamp"]["mlflow_run_id"]  # the interrupted run continues
-    assert MlflowClient(tracking_uri=f"sqlite:///{runs['root'] / 'mlflow.db'}").get_run(
-        c["mlflow_run_id"]).info.status == "FINISHED"
+    assert client(runs).get_run(c["mlflow_run_id"]).info.status == "FINISHED"
     assert np.array_equal(logits(runs["out"]["a"]), logits(runs["out"]["c"]))
-    assert c["slices"] == runs["metrics"]["a"]["slices"]
-    assert not any((runs["out"]["c"] / "ckpt").iterdir())  # a finished run keeps no checkpoints
+    assert c["slices"] == runs["metrics"]["a"]["slices"] and c["curve"] == runs["metrics"]["a"]["curve"]
+    assert not any((runs["out"]["c"] / "ckpt" / KEY.folder).iterdir())  # a finished run keeps no checkpoints
+
+
+def test_another_data_seed_draws_another_balanced_subset():
+    labels = np.repeat(np.arange(4), 50)
+    pool = np.arange(200)
+    official = np.concatenate([np.arange(c * 50, c * 50 + 10) for c in range(4)])
+    a, b = (experiment.redraw(pool, official, labels, s) for s in (1, 2))
+    assert not np.array_equal(a, b) and not np.array_equal(a, official)
+    for draw in (a, b):
+        assert np.array_equal(np.bincount(labels[draw]), np.bincount(labels[official]))
+        assert len(np.unique(draw)) == len(official)
+    assert np.array_equal(a, experiment.redraw(pool, official, labels, 1))
+
+
+def test_a_data_seed_trains_on_another_draw(runs):
+    a, draw = runs["metrics"]["a"], runs["metrics"]["draw"]
+    assert draw["data_seed"] == 1 and draw["provenance"]["data_sha256"] == a["provenance"]["data_sha256"]
+    assert draw["provenance"]["train_slice_sha256"] != a["provenance"]["train_slice_sha256"]
+    assert draw["slices"]["test"]["n"] == a["slices"]["test"]["n"]  # the same test items
+
+
+def test_prune_removes_stale_nested_runs(tmp_path):
+    for rel in ("keep/x", "gone/a", "gone/a/b", "gone/c"):
+        (tmp_path / rel).mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel / "metrics.json").write_text("{}")
+    experiment.prune(tmp_path, [tmp_path / "keep/x"])
+    assert (tmp_path / "keep/x/metrics.json").exists() and not (tmp_path / "gone").exists()
 
 
 def test_distillation_loss_by_hand():
@@ -150,10 +250,36 @@ def test_tampered_teacher_is_refused(workspace, tmp_path):
     params = load_params(workspace / "params.yaml")
     teachers = tmp_path / "teachers"
     shutil.copytree(workspace / "data/teachers/resnet", teachers)
-    weights = teachers / "alignment/model.pt"
+    weights = teachers / "alignment" / WEIGHTS
     state = torch.load(weights, weights_only=True)
     key = next(iter(state))
     state[key] = state[key] + 1e-3  # a loadable checkpoint, different weights
     torch.save(state, weights)
     with pytest.raises(StageError, match="sha256"):
         load_teacher(teachers, "alignment", params, 4)
+
+
+
+def test_grids_extend_the_main_grid_once(workspace):
+    from pipeline.config import parse_params
+    from pipeline.grid import train_keys
+
+    raw = yaml.safe_load((workspace / "params.yaml").read_text())
+    raw["train"]["seeds"] = [0, 1]
+    raw["train"]["grids"] = {
+        "again": {"archs": ["vit"]},  # the main grid itself: nothing new
+        "budget": {"archs": ["vit"], "steps": [20, 40], "seeds": [0]},  # steps 20 at seed 0 is a main run
+        "draws": {"data_seeds": [1]},  # every arch, its own tasks
+        "flops": {"archs": ["resnet"], "budget_mode": "flops"},
+    }
+    params = parse_params(raw)
+    vit = train_keys(params, "vit")
+    assert vit == [RunKey("alignment", "vit", s, 128, 20, "steps") for s in (0, 1)] + [
+        RunKey("alignment", "vit", 0, 128, 40, "steps"),
+        *(RunKey("alignment", "vit", s, 128, 20, "steps", 1) for s in (0, 1))]
+    resnet = train_keys(params, "resnet")
+    assert {k.budget_mode for k in resnet} == {"steps", "flops"} and len(resnet) == 2 + 2 + 2
+    assert len({k.folder for k in vit + resnet if k.arch == "vit"}) == len(vit)  # one folder per run
+    raw["train"]["grids"] = {"bad": {"archs": ["swin"]}}
+    with pytest.raises(Exception, match="train.grids.bad.archs"):
+        parse_params(raw)

@@ -1,7 +1,8 @@
 """`distill` stage: one DeiT student (distillation token) per task and seed, from a verified teacher.
 
-The student label (``deit``, ``deit_vit``) and its teacher architecture come from ``distill.students``.
-Every run refuses to start if the teacher's weights do not match the sha256 in its provenance record.
+The student name (``deit``, ``deit_vit``) and its teacher architecture come from ``distill.students``; it trains
+on ``distill.tasks`` x ``train.seeds`` at ``train.size``. Every run refuses to start if the teacher's weights do
+not match the sha256 in its provenance record.
 """
 
 from __future__ import annotations
@@ -30,18 +31,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.student not in params.distill.students:
         raise ConfigError(f"{args.params}: distill.students: no student named {args.student!r}")
     quiet_lightning()
-    from pipeline.experiment import RunSpec, prune, run_pool
+    from pipeline.experiment import execute, prune
+    from pipeline.grid import RunKey, specs_for
 
-    specs = [RunSpec(stage="train", task=task, arch="deit", label=args.student, seed=seed,
-                     train_size=params.train.size, data_dir=args.data / task, slices_dir=args.slices / task,
-                     out_dir=args.out / task / f"n{params.train.size}" / f"s{seed}",
-                     ckpt_dir=args.ckpt / task / f"n{params.train.size}" / f"s{seed}", teacher_dir=args.teachers)
-             for task in params.distill.tasks for seed in params.train.seeds]
-    prune(args.out, [s.out_dir for s in specs])
-    print(f"distill {args.student}: {len(specs)} runs on {params.train.runtime.workers} worker(s)", flush=True)
-    for m in run_pool(specs, params, params.train.runtime.workers):
-        print(f"{m['task']}/{m['arch']}/s{m['seed']}: test acc {m['test_acc']:.3f} "
-              f"(teacher {m['teacher']['arch']} {m['teacher']['test_acc']:.3f})")
+    t, r = params.train, params.train.recipe
+    keys = [RunKey(task, args.student, seed, t.size, r.steps, r.budget_mode)
+            for task in params.distill.tasks for seed in t.seeds]
+    specs = specs_for("distill", keys, args.data, args.slices, args.out, args.ckpt,
+                      teacher=params.distill.students[args.student], teacher_dir=args.teachers)
+    execute(specs, params, "distill", f"distill/{args.student}", args.ckpt)
+    prune(args.out, [s.out_dir for s in specs])  # after success: a failed stage changes nothing
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from pipeline.interface import report, study
 from pipeline.interface.checks import summary
 from pipeline.models import ARCHS, build_model
 from pipeline.stages.common import stage_main
-from pipeline.tracking import flatten, stage_run
+from pipeline.tracking import stage_run
 
 FIGURES = {"nullity": "nullity.png", "permutation": "permutation.png", "pairs": "pairs.png",
            "reachability": "reachability.png"}
@@ -68,14 +68,10 @@ def main(argv: list[str] | None = None) -> None:
     io.write_text(rep / "interface.md", report.markdown(tables, res.checks, key, FIGURES))
 
     logged = {k: v for k, v in params.model_dump().items() if k in ("interface", "geometry", "models")}
-    with stage_run(params, "interface", run_name="interface") as _:
-        import mlflow
-
-        mlflow.log_params(flatten(logged))
-        mlflow.log_metrics({f"checks.{k}": float(v) for k, v in counts.items()})
-        mlflow.log_metrics({k: v for k, v in key.items() if v == v})  # NaN is not a metric
-        mlflow.log_artifacts(str(out), artifact_path="data")
-        mlflow.log_artifacts(str(rep), artifact_path="report")
+    with stage_run(params, "interface", "interface") as run:
+        run.log(params=logged, metrics={**{f"checks.{k}": v for k, v in counts.items()}, **key})
+        run.artifact(out, folder="data")
+        run.artifact(rep, folder="report")
 
     failed = [c for c in res.checks if not c.held]
     if failed:

@@ -20,7 +20,7 @@ from pipeline.stages.common import stage_main
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--params", default="params.yaml")
-    for name in ("runs", "curve", "teachers", "interface", "tasks", "slices", "shortcuts"):
+    for name in ("runs", "teachers", "interface", "tasks", "slices", "shortcuts"):
         ap.add_argument(f"--{name}", type=Path, default=None)
     ap.add_argument("--out", type=Path, required=True, help="reports directory (README.md, tables/, figures/)")
     return ap.parse_args(argv)
@@ -31,20 +31,17 @@ def configured(m: dict, params) -> bool:
     task or architecture removed from the params would otherwise linger in the report.)"""
     if m["source"] == "teachers":
         return m["arch"] in dict(params.distill.teachers) and m["task"] in params.distill.tasks
-    if m["source"] == "curve":
-        curve = getattr(params.train, "curve", None)
-        return curve is None or (m["arch"] in dict(curve.archs) and m["task"] in curve.tasks)
-    return m["task"] in ledger.configured_cells(params).get(m["arch"], ())
+    return m["arch"] in ledger.configured_cells(params)  # the train stage prunes runs its grid no longer has
 
 
 @stage_main
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     params = load_params(args.params)
-    records = [m for m in (sources.read_metrics(args.runs, "runs") + sources.read_metrics(args.curve, "curve")
+    records = [m for m in (sources.read_metrics(args.runs, "runs")
                            + sources.read_metrics(args.teachers, "teachers")) if configured(m, params)]
     if not records:
-        raise StageError(f"no metrics.json under {args.runs}, {args.curve} or {args.teachers}: nothing to report")
+        raise StageError(f"no metrics.json under {args.runs} or {args.teachers}: nothing to report")
     iface = sources.read_json(args.interface / "summary.json" if args.interface else None) or {}
     inputs = pages.load(params, records, args.tasks, args.slices, args.shortcuts, args.teachers, iface)
     pages.write_report(inputs, args.out)

@@ -1,14 +1,15 @@
-"""`teacher` stage: train one teacher architecture on every distilled task, and record its provenance.
+"""`teacher` stage: train one teacher architecture on every distilled task, on a transfer set disjoint from
+the students' images (``train_<distill.teacher_size>`` minus ``train_<train.size>``), and record its provenance.
 
-Outputs per task: ``<out>/<task>/model.pt`` (the weights students load), ``provenance.json`` (what students
-cite: run id, architecture, checkpoint sha256, data and slice hashes, accuracy, compute), ``metrics.json``
-and ``predictions.npz`` (for teacher-agreement measures).
+Outputs per task: ``<out>/<task>/weights.pt`` (the weights students load, also logged to MLflow),
+``provenance.json`` (what students cite and verify: run id, artifact URI, checkpoint sha256, transfer set, data
+hashes, accuracy and disagreement with the true labels on the students' images, compute), ``metrics.json`` and
+``predictions.npz``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 
 from pipeline.config import load_params
 from pipeline.errors import ConfigError
@@ -30,23 +31,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.arch not in params.distill.teachers:
         raise ConfigError(f"{args.params}: distill.teachers: {args.arch!r} is not a configured teacher")
     quiet_lightning()
-    from pipeline.distill import PROVENANCE, WEIGHTS, provenance
-    from pipeline.experiment import RunSpec, prune, run_pool
-    from pipeline.io import write_json
+    from pipeline.experiment import execute, prune
+    from pipeline.grid import RunKey, specs_for
 
-    size, seed = params.train.size, params.distill.teacher_seed
-    specs = [RunSpec(stage="teacher", task=task, arch=args.arch, seed=seed, train_size=size,
-                     data_dir=args.data / task, slices_dir=args.slices / task, out_dir=args.out / task,
-                     ckpt_dir=args.ckpt / task)
-             for task in params.distill.tasks]
-    prune(args.out, [s.out_dir for s in specs])
-    print(f"teacher {args.arch}: {len(specs)} runs on {params.train.runtime.workers} worker(s)", flush=True)
-    for spec, m in zip(specs, run_pool(specs, params, params.train.runtime.workers, save_weights=True), strict=True):
-        manifest = json.loads((spec.slices_dir / "manifest.json").read_text())
-        record = provenance(m, spec.out_dir / WEIGHTS, manifest.get("sha256", {}).get(f"train_{size}", ""))
-        write_json(spec.out_dir / PROVENANCE, record)
-        print(f"teacher {args.arch} on {spec.task}: test acc {m['test_acc']:.3f}, "
-              f"sha256 {record['checkpoint_sha256'][:12]}")
+    d, r = params.distill, params.train.recipe
+    keys = [RunKey(task, args.arch, d.teacher_seed, d.teacher_size - params.train.size, r.steps, r.budget_mode)
+            for task in d.tasks]
+    specs = specs_for("teacher", keys, args.data, args.slices, args.out, args.ckpt)
+    for m in execute(specs, params, "teacher", f"teacher/{args.arch}", args.ckpt):
+        print(f"teacher/{args.arch}/{m['task']}: test acc {m['test_acc']:.3f}, disagrees with the true label on "
+              f"{m['student_train']['disagreement']:.1%} of the students' images")
+    prune(args.out, [s.out_dir for s in specs])  # after success: a failed stage changes nothing
 
 
 if __name__ == "__main__":

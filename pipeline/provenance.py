@@ -1,0 +1,112 @@
+"""Provenance: what data, code and params decided a run, and the teacher record every student verifies.
+
+A distilled student inherits bias through its teacher's signal, so each student records exactly which
+teacher stood behind it (MLflow run id and artifact, checkpoint sha256, transfer set, data hashes, accuracy,
+disagreement with the true labels on the students' images) and refuses to train when the weights on disk are
+not the ones recorded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import StageError
+from pipeline.io import sha256_bytes, sha256_file
+
+WEIGHTS = "weights.pt"  # every run's final state_dict; a teacher's is what its students load
+PROVENANCE = "provenance.json"
+# The modules whose code decides what a run computes: part of every run's identity, and the train stages'
+# DVC deps (dvc.yaml lists the same files).
+CODE = ("train", "experiment", "grid", "models", "budget", "provenance")
+
+
+def code_sha256() -> str:
+    h = hashlib.sha256()
+    for name in CODE:
+        h.update((Path(__file__).parent / f"{name}.py").read_bytes())
+    return h.hexdigest()
+
+
+def run_params(params, spec) -> dict:
+    """The params one run reads (logged to MLflow, hashed into ``params_sha256``)."""
+    out = params.model_dump(mode="json", include={"geometry": True, "models": True,
+                                                  "train": {"recipe", "runtime"}})
+    if spec.teacher is not None:
+        out["distill"] = params.model_dump(mode="json", include={"distill": {"soft", "tau"}})["distill"]
+    if spec.stage == "teacher":
+        out["distill"] = params.model_dump(mode="json", include={"distill": {"teacher_size", "teacher_seed"}})[
+            "distill"]
+    return out
+
+
+def params_sha256(read: dict) -> str:
+    return hashlib.sha256(json.dumps(read, sort_keys=True).encode()).hexdigest()
+
+
+def index_sha256(idx: np.ndarray) -> str:
+    """The slice stage's hash of an index array (``manifest.json`` ``arrays.<name>.sha256``)."""
+    return sha256_bytes(np.ascontiguousarray(idx, dtype=np.int64).tobytes())
+
+
+def data_provenance(manifest: dict, train_idx: np.ndarray) -> dict:
+    """The pool's image hash and the hash of the exact training indices this run used."""
+    try:
+        data = manifest["source"]["images_sha256"]
+    except (KeyError, TypeError):
+        raise StageError("manifest.json: no source.images_sha256 (rerun the slice stage)") from None
+    return {"data_sha256": data, "train_slice_sha256": index_sha256(train_idx)}
+
+
+def teacher_record(metrics: dict, weights: Path, run_id: str, artifact_uri: str, transfer: str) -> dict:
+    """The record a teacher run leaves for its students (flat, so it maps onto MLflow tags)."""
+    b = metrics["budget"]
+    return {
+        "arch": metrics["arch"], "model": metrics["model"], "task": metrics["task"], "seed": metrics["seed"],
+        "train_size": metrics["train_size"], "transfer_set": transfer, "mlflow_run_id": run_id,
+        "artifact_uri": artifact_uri, "checkpoint": weights.name, "checkpoint_sha256": sha256_file(weights),
+        "data_sha256": metrics["provenance"]["data_sha256"],
+        "train_slice_sha256": metrics["provenance"]["train_slice_sha256"],
+        "test_acc": metrics["test_acc"], "student_train_acc": metrics["student_train"]["acc"],
+        "student_train_disagreement": metrics["student_train"]["disagreement"], "params": b["params"],
+        "forward_flops_per_image": b["forward_flops_per_image"], "train_flops": b["train_flops"],
+        "wall_time_s": metrics["measured"]["wall_time_s"],
+    }
+
+
+def read_teacher(teacher_dir: Path, task: str) -> tuple[dict, Path]:
+    """``(provenance record, weights path)`` of the teacher for ``task``; a one-line error if unreadable."""
+    folder = teacher_dir / task
+    record_path, weights = folder / PROVENANCE, folder / WEIGHTS
+    for path in (record_path, weights):
+        if not path.exists():
+            raise StageError(f"{path}: teacher file missing (run the teacher stage: dvc repro)")
+    try:
+        record = json.loads(record_path.read_text())
+        record["checkpoint_sha256"]
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise StageError(f"{record_path}: unreadable teacher provenance ({err})") from None
+    return record, weights
+
+
+def load_teacher(teacher_dir: Path, task: str, params, num_classes: int):
+    """Build the teacher recorded in ``<teacher_dir>/<task>/provenance.json`` and verify its weights.
+
+    Returns ``(model in eval mode with frozen weights, provenance record)``. Raises :class:`StageError`
+    when the record or weights are missing or the weights' sha256 differs from the recorded one.
+    """
+    import torch
+
+    from pipeline.models import build_model
+
+    record, weights = read_teacher(teacher_dir, task)
+    expected, actual = record["checkpoint_sha256"], sha256_file(weights)
+    if actual != expected:
+        raise StageError(f"{weights}: sha256 {actual[:12]}... does not match the recorded teacher "
+                         f"checkpoint {expected[:12]}... in {teacher_dir / task / PROVENANCE}; refusing to distill")
+    model = build_model(record["model"], params, num_classes)
+    model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+    return model.eval().requires_grad_(False), record

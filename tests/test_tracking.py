@@ -1,0 +1,88 @@
+"""Failures at the tracking edge and in workers: one line, exit 2, nothing half-written (tiny workspace)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import mlflow_store
+
+from pipeline.config import ConfigError, load_params
+from pipeline.stages import train
+
+ARGS = ["--arch", "vit", "--data", "data/tasks", "--slices", "data/slices", "--out", "data/runs/vit",
+        "--ckpt", "data/ckpt/train/vit"]
+
+
+def stage(ws: Path, params: dict | None = None) -> list[str]:
+    path = ws / "params.yaml"
+    if params is not None:
+        path = ws / "edited.yaml"
+        path.write_text(yaml.safe_dump(params))
+    return ["--params", str(path), *[str(ws / a) if a.startswith("data/") else a for a in ARGS]]
+
+
+def edited(ws: Path, **recipe) -> dict:
+    raw = yaml.safe_load((ws / "params.yaml").read_text())
+    raw["train"]["recipe"].update(recipe)
+    raw["train"]["runtime"]["workers"] = 1
+    return raw
+
+
+def error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+def test_infinite_float_is_refused(workspace, tmp_path):
+    raw = edited(workspace, lr=float("inf"))
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match="train.recipe.lr"):
+        load_params(tmp_path / "p.yaml")
+
+
+def test_garbage_store_is_named_and_kept(copy_workspace, capsys):
+    store = copy_workspace / "mlflow.db"
+    store.write_bytes(b"this is not a database\x00" * 40)
+    before = store.read_bytes()
+    with mlflow_store(copy_workspace):
+        assert train.main(stage(copy_workspace)) == 2
+    line = error_line(capsys)
+    assert str(store) in line and "move it aside" in line
+    assert store.read_bytes() == before
+    assert not (copy_workspace / "data/runs/vit").exists()
+
+
+def test_unreachable_server_fails_fast(copy_workspace, capsys):
+    raw = yaml.safe_load((copy_workspace / "params.yaml").read_text())
+    raw["tracking"]["tracking_uri"] = "http://127.0.0.1:9/"
+    t0 = time.monotonic()
+    assert train.main(stage(copy_workspace, raw)) == 2
+    assert time.monotonic() - t0 < 30
+    assert "tracking.tracking_uri" in error_line(capsys)
+    assert not (copy_workspace / "data/runs/vit").exists()
+
+
+def test_diverging_run_is_one_line_and_failed(copy_workspace, capsys):
+    from mlflow.tracking import MlflowClient
+
+    raw = edited(copy_workspace, lr=1.0e30, grad_clip=0.0)
+    stale = copy_workspace / "data/runs/vit/old/s0/metrics.json"  # not in the grid: pruned only on success
+    stale.parent.mkdir(parents=True)
+    stale.write_text("{}")
+    with mlflow_store(copy_workspace):
+        assert train.main(stage(copy_workspace, raw)) == 2
+    line = error_line(capsys)
+    assert "train/vit/alignment/" in line and "at step" in line and "train.recipe.lr=1e+30" in line
+    log = Path(line.rsplit("(traceback: ", 1)[1].rstrip(")"))
+    assert "FloatingPointError" in log.read_text()
+    assert list((copy_workspace / "data/runs/vit").rglob("metrics.json")) == [stale]
+    assert [p.name for p in (copy_workspace / "data/ckpt/train/vit").iterdir()] == ["logs"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{copy_workspace / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("bias-train")
+    status = {r.info.run_name: r.info.status for r in client.search_runs([exp.experiment_id])}
+    assert status["train/vit"] == "FAILED"
+    assert [s for n, s in status.items() if n.startswith("train/vit/")] == ["FAILED"]
