@@ -178,32 +178,49 @@ def wilson(k: int, n: int, confidence: float = 0.95) -> list[float]:
     return [float(ci.low), float(ci.high)]
 
 
-def fit_score(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
-              categorical: bool = False) -> dict:
-    """Logistic regression fitted on (x_train, y_train), scored on the test rows: acc, n, Wilson CI."""
+def fit_predict(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray,
+                categorical: bool = False) -> np.ndarray:
+    """Logistic regression fitted on (x_train, y_train); its predicted class for each test row."""
     prep = OneHotEncoder(handle_unknown="ignore") if categorical else StandardScaler()
     xtr, xte = prep.fit_transform(x_train), prep.transform(x_test)
     model = LogisticRegression(C=1.0, max_iter=300)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)  # an unconverged fit only lowers its own floor
         model.fit(xtr, y_train)
-    k = int((model.predict(xte) == y_test).sum())
-    return {"acc": k / len(y_test), "n": len(y_test), "ci": wilson(k, len(y_test))}
+    return model.predict(xte)
+
+
+def score(correct: np.ndarray) -> dict:
+    """acc, n and the Wilson interval of a boolean vector of correct predictions."""
+    k, n = int(correct.sum()), len(correct)
+    return {"acc": k / n, "n": n, "ci": wilson(k, n)}
+
+
+def fit_score(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
+              categorical: bool = False) -> dict:
+    """Logistic regression fitted on (x_train, y_train), scored on the test rows: acc, n, Wilson CI."""
+    return score(fit_predict(x_train, y_train, x_test, categorical) == y_test)
 
 
 def floors(task: str, images: np.ndarray, labels: np.ndarray, factors: pd.DataFrame, train: np.ndarray,
-           test: np.ndarray, num_classes: int, patch: int, seed: int) -> dict:
-    """The floors.json record of one task: every baseline's test accuracy, chance, the floor and its baseline."""
+           test: np.ndarray, num_classes: int, patch: int, seed: int,
+           slices: dict[str, np.ndarray] | None = None) -> dict:
+    """The floors.json record of one task: every baseline's test accuracy (and on each of ``slices``, subsets
+    of ``test`` such as ``slice/id``/``slice/ood``), chance, the floor and its baseline."""
     rows = np.concatenate([train, test])
     im, fac = images[rows], factors.iloc[rows].reset_index(drop=True)
     y_train, y_test = labels[train], labels[test]
+    members = {name: np.isin(test, idx) for name, idx in (slices or {}).items()}
     baselines = {}
     for b in task_baselines(task, patch, seed):
         x = b.features(im, fac)
-        score = fit_score(x[: len(train)], y_train, x[len(train):], y_test, getattr(b.features, "categorical", False))
-        baselines[b.name] = {**score, "uses": b.uses, "uses_factor": b.uses_factor}
+        correct = fit_predict(x[: len(train)], y_train, x[len(train):], getattr(b.features, "categorical", False))
+        correct = correct == y_test
+        baselines[b.name] = {**score(correct), "uses": b.uses, "uses_factor": b.uses_factor,
+                             "slices": {name: score(correct[m]) for name, m in members.items()}}
     counted = {name: r for name, r in baselines.items() if not r["uses_factor"]}
     best = max(counted, key=lambda name: counted[name]["acc"])
     chance = float(np.bincount(y_test, minlength=num_classes).max() / len(y_test))
     return {"task": task, "factor": OBJECTS[task][0], "chance": chance, "baselines": baselines,
-            "floor": counted[best]["acc"], "floor_baseline": best}
+            "floor": counted[best]["acc"], "floor_baseline": best,
+            "floor_slices": {name: max(r["slices"][name]["acc"] for r in counted.values()) for name in members}}

@@ -10,11 +10,13 @@ import pandas as pd
 import pytest
 import yaml
 
+from pipeline.config import Params
 from pipeline.shortcuts import (
     channel_histograms,
     colour_histogram,
     factor_onehot,
     fit_score,
+    floors,
     foreground_area,
     tokens_bag,
     tokens_pos,
@@ -22,6 +24,7 @@ from pipeline.shortcuts import (
 from pipeline.stages import generate as gen_stage
 from pipeline.stages import shortcuts as shortcut_stage
 from pipeline.stages import slice as slice_stage
+from pipeline.tasks import TASKS
 
 N, S, P = 600, 16, 4  # images, side, patch
 
@@ -124,6 +127,20 @@ def test_additive_objects_cannot_express_an_interaction():
     assert fit_score(joint[:h], y[:h], joint[h:], y[h:], True)["acc"] == 1.0
 
 
+def test_floors_per_slice_on_a_task_with_unseen_offsets():
+    params = Params()
+    d = TASKS["alignment"].generate(400, 0, params.geometry, params.tasks.alignment)
+    role, in_dist = d.factors["role"].to_numpy(), d.factors["id"].to_numpy()
+    train, test = np.flatnonzero(role == "fit")[:200], np.flatnonzero(role == "eval")
+    slices = {"slice/id": test[in_dist[test]], "slice/ood": test[~in_dist[test]]}
+    rec = floors("alignment", d.images, d.labels, d.factors, train, test, 4, 4, 0, slices)
+    assert rec["chance"] <= 0.35 and {"foreground_area", "tokens_pos", "position_alone"} <= set(rec["baselines"])
+    for name, idx in slices.items():
+        got = {b: r["slices"][name] for b, r in rec["baselines"].items()}
+        assert all(g["n"] == len(idx) for g in got.values())
+        assert rec["floor_slices"][name] == max(g["acc"] for g in got.values())  # alignment: none sees the factor
+
+
 def test_shortcuts_stage_on_generated_data(tmp_path, capsys):
     raw = {"tasks": {"names": ["relation"], "relation": {"n": 400}},
            "slice": {"train_sizes": [100, 200], "val_size": 40, "test_size": 60},
@@ -146,7 +163,7 @@ def test_shortcuts_stage_on_generated_data(tmp_path, capsys):
     assert all(b["n"] == 60 and b["uses"] and b["ci"][0] <= b["acc"] <= b["ci"][1] for b in rec["baselines"].values())
     # Twin pairs give identical global counts to both labels: exactly chance on a whole-pair test split.
     assert rec["baselines"]["colour_histogram"]["acc"] == 0.5
-    assert "| a_alone |" in report.read_text()
+    assert "| a_alone |" in report.read_text() and rec["floor_slices"] == {}  # relation has no id/ood
 
     # Splits without train_<train.size>, or unreadable: one line naming the key or file, nothing written.
     fresh = tmp_path / "fresh"

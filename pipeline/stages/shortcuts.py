@@ -2,7 +2,8 @@
 scored on ``test``.
 
 Reads the task's pool (``<data>``) and its splits (``<slices>/indices.npz``); writes ``<out>/floors.json``
-(``task, factor, chance, baselines {name: {acc, n, ci, uses, uses_factor}}, floor, floor_baseline``) or
+(``task, factor, chance, baselines {name: {acc, n, ci, uses, uses_factor, slices}}, floor, floor_baseline,
+floor_slices``; slices: ``slice/id`` and ``slice/ood`` where the task has them) or
 nothing, and a short Markdown table at ``--report``.
 """
 
@@ -46,10 +47,17 @@ def load_split(slices: Path, names: list[str]) -> list[np.ndarray]:
     return [arrays[n] for n in names]
 
 
+def load_optional(slices: Path, names: list[str]) -> dict[str, np.ndarray]:
+    """Those of ``names`` the splits hold (the in/out-of-distribution slices exist only for some tasks)."""
+    with np.load(slices / "indices.npz") as z:
+        return {n: z[n] for n in names if n in z.files}
+
+
 def markdown(record: dict) -> str:
     lines = [f"# Shortcut floors: {record['task']}", "",
              f"Factor: {record['factor']}. Chance {record['chance']:.3f}; floor **{record['floor']:.3f}** "
-             f"({record['floor_baseline']}). Baselines that see the factor are listed but not counted.", "",
+             f"({record['floor_baseline']}). Baselines that see the factor are listed but not counted.",
+             *[f"Floor on {name}: {acc:.3f}." for name, acc in record["floor_slices"].items()], "",
              "| baseline | acc | 95% Wilson CI | n | sees | counted |", "|---|---|---|---|---|---|"]
     for name, b in record["baselines"].items():
         lines.append(f"| {name} | {b['acc']:.3f} | [{b['ci'][0]:.3f}, {b['ci'][1]:.3f}] | {b['n']} | {b['uses']} | "
@@ -66,12 +74,13 @@ def main(argv: list[str] | None = None) -> None:
     data = Path(args.data)
     labels, factors, meta = load_task(data)
     train, test = load_split(Path(args.slices), [f"train_{params.train.size}", "test"])
+    slices = load_optional(Path(args.slices), ["slice/id", "slice/ood"])
     try:
         images = np.load(data / "images.npy", mmap_mode="r")
     except (OSError, ValueError) as err:
         raise StageError(f"{data / 'images.npy'}: cannot read ({err})") from None
     record = floors(args.task, images, labels, factors, train, test, meta["num_classes"],
-                    params.geometry.patch_size, params.seed)
+                    params.geometry.patch_size, params.seed, slices)
     with atomic_dir(args.out) as tmp:
         write_json(tmp / "floors.json", record)
     if args.report:
