@@ -129,9 +129,9 @@ def test_additive_objects_cannot_express_an_interaction():
 
 def test_floors_per_slice_on_a_task_with_unseen_offsets():
     params = Params()
-    d = TASKS["alignment"].generate(400, 0, params.geometry, params.tasks.alignment)
+    d = TASKS["alignment"].generate(200, 0, params.geometry, params.tasks.alignment)
     role, in_dist = d.factors["role"].to_numpy(), d.factors["id"].to_numpy()
-    train, test = np.flatnonzero(role == "fit")[:200], np.flatnonzero(role == "eval")
+    train, test = np.flatnonzero(role == "fit")[:100], np.flatnonzero(role == "eval")
     slices = {"slice/id": test[in_dist[test]], "slice/ood": test[~in_dist[test]]}
     rec = floors("alignment", d.images, d.labels, d.factors, train, test, 4, 4, 0, slices)
     assert rec["chance"] <= 0.35 and {"foreground_area", "tokens_pos", "position_alone"} <= set(rec["baselines"])
