@@ -8,6 +8,9 @@ Conventions (every task):
   smaller subset is a subset of every larger one and class counts differ by at most one;
 - ``slice/<factor>=<value>`` are subsets of ``test`` (one per value found there), plus ``slice/id`` and
   ``slice/ood`` where the test split holds samples outside the training distribution;
+- in a task with twins (a ``twins`` factor column naming each sample's pair, one sample of each class per
+  pair: relation, arrangement) the draws above are made over whole pairs, so a pair never straddles
+  train/val/test, ``test`` and every slice hold complete pairs, and every size must be even;
 - every index array is int64, sorted ascending, into the task's ``images.npy``/``labels.npy``.
 """
 
@@ -44,25 +47,75 @@ def _take(orders: list[np.ndarray], counts: np.ndarray, key: str, task: str) -> 
     return np.sort(np.concatenate([o[:m] for o, m in zip(orders, counts, strict=True)])).astype(np.int64)
 
 
+def twin_table(pairs: np.ndarray, labels: np.ndarray, num_classes: int, task: str) -> np.ndarray:
+    """(N,) pair id per sample -> (N / K, K) int64: row j holds pair j's sample of class 0, 1, ..., K-1.
+
+    Raises StageError unless every pair holds exactly one sample of each class (what makes a pair-drawn
+    subset exactly class-balanced)."""
+    order = np.lexsort((labels, pairs))
+    table = order.reshape(-1, num_classes) if len(order) % num_classes == 0 else None
+    if table is None or not ((pairs[table] == pairs[table[:, :1]]).all()
+                             and (labels[table] == np.arange(num_classes)).all()):
+        raise StageError(f"{task}: twins: every pair must hold exactly one sample of each of {num_classes} classes")
+    return table
+
+
+def _pair_orders(rng: np.random.Generator, table: np.ndarray, rows: np.ndarray) -> list[np.ndarray]:
+    """The pairs whose samples all lie in ``rows``, in one random order, as one 'class' of pair indices."""
+    return [rng.permutation(np.flatnonzero(np.isin(table, rows).all(axis=1)))]
+
+
+def _take_pairs(orders: list[np.ndarray], n: int, table: np.ndarray, key: str, task: str) -> np.ndarray:
+    k = table.shape[1]
+    if n % k:
+        raise ConfigError(f"{key}: {n} is not a multiple of {k} ({task} is drawn in whole twin pairs)")
+    if len(orders[0]) < n // k:
+        raise ConfigError(f"{key}: needs {n // k} twin pairs in {task}, the pool has {len(orders[0])}")
+    pairs = orders[0][: n // k]
+    return np.sort(table[pairs].reshape(-1)).astype(np.int64)
+
+
 def make_splits(labels: np.ndarray, factors: pd.DataFrame, num_classes: int, slice_factors: list[str],
-                cfg: Slicing, seed: int, task: str) -> dict[str, np.ndarray]:
+                cfg: Slicing, seed: int, task: str, twins: str | None = None) -> dict[str, np.ndarray]:
     """All index arrays for one task: ``train_<n>``, ``val``, ``test``, ``slice/<factor>=<value>``.
 
-    labels: (N,) int64; factors: N rows with ``role``, ``id`` and the ``slice_factors`` columns.
+    labels: (N,) int64; factors: N rows with ``role``, ``id``, the ``slice_factors`` and ``twins`` columns;
+    twins: the column naming each sample's twin pair (draws are then made over whole pairs), or None.
     Raises ConfigError (naming the ``slice.*`` key) when the pool is too small for a requested size.
     """
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, zlib.crc32(f"slice/{task}".encode())])))
     role = factors["role"].to_numpy()
     fit, ev = np.flatnonzero(role == ROLE_FIT), np.flatnonzero(role == ROLE_EVAL)
-    k = num_classes
-    out = {"test": _take(_class_orders(rng, labels, ev, k), per_class_counts(cfg.test_size, k),
-                         "slice.test_size", task)}
-    val = _take(_class_orders(rng, labels, fit, k), per_class_counts(cfg.val_size, k), "slice.val_size", task)
-    out["val"] = val
-    orders = _class_orders(rng, labels, np.setdiff1d(fit, val), k)
-    for n in cfg.train_sizes:
-        out[f"train_{n}"] = _take(orders, per_class_counts(n, k), "slice.train_sizes", task)
+    if twins is None:
+        k = num_classes
 
+        def orders(rows: np.ndarray) -> list[np.ndarray]:
+            return _class_orders(rng, labels, rows, k)
+
+        def take(order: list[np.ndarray], n: int, key: str) -> np.ndarray:
+            return _take(order, per_class_counts(n, k), key, task)
+    else:
+        table = twin_table(factors[twins].to_numpy(), labels, num_classes, task)
+
+        def orders(rows: np.ndarray) -> list[np.ndarray]:
+            return _pair_orders(rng, table, rows)
+
+        def take(order: list[np.ndarray], n: int, key: str) -> np.ndarray:
+            return _take_pairs(order, n, table, key, task)
+    out = {"test": take(orders(ev), cfg.test_size, "slice.test_size")}
+    out["val"] = take(orders(fit), cfg.val_size, "slice.val_size")
+    train_order = orders(np.setdiff1d(fit, out["val"]))
+    for n in cfg.train_sizes:
+        out[f"train_{n}"] = take(train_order, n, "slice.train_sizes")
+    _add_slices(out, factors, slice_factors)
+    check_splits(out)
+    if twins is not None:
+        check_twins(out, factors[twins].to_numpy())
+    return out
+
+
+def _add_slices(out: dict[str, np.ndarray], factors: pd.DataFrame, slice_factors: list[str]) -> None:
+    """``slice/<factor>=<value>`` (and ``slice/id``/``slice/ood``) as subsets of ``out['test']``, in place."""
     test_factors = factors.iloc[out["test"]]
     for col in slice_factors:
         for value, rows in test_factors.groupby(col, sort=True).groups.items():
@@ -71,8 +124,6 @@ def make_splits(labels: np.ndarray, factors: pd.DataFrame, num_classes: int, sli
     if not in_dist.all():
         out["slice/id"] = out["test"][in_dist]
         out["slice/ood"] = out["test"][~in_dist]
-    check_splits(out)
-    return out
 
 
 def _fmt(value: object) -> str:
@@ -101,11 +152,26 @@ def check_splits(arrays: dict[str, np.ndarray]) -> None:
             raise StageError(f"{name}: not a subset of test")
 
 
+def check_twins(arrays: dict[str, np.ndarray], pairs: np.ndarray) -> None:
+    """No twin pair straddles two of train (largest)/val/test, and ``test`` and every slice hold whole pairs
+    (else a StageError naming the array)."""
+    trains = [n for n in arrays if n.startswith("train_")]
+    seen = {name: np.unique(pairs[arrays[name]]) for name in (*trains, "val", "test")}
+    for a, b in (("val", "test"), *((t, "val") for t in trains), *((t, "test") for t in trains)):
+        if np.intersect1d(seen[a], seen[b]).size:
+            raise StageError(f"{a}: shares a twin pair with {b}")
+    for name, idx in arrays.items():
+        complete = np.isin(pairs, pairs[idx])  # every sample whose pair is touched by idx
+        if complete.sum() != len(idx):
+            raise StageError(f"{name}: holds incomplete twin pairs")
+
+
 def manifest(arrays: dict[str, np.ndarray], labels: np.ndarray, factors: pd.DataFrame,
-             class_names: list[str], source: dict[str, str]) -> dict:
-    """Sizes, class counts, sha256 per array; factor ranges of train (largest)/val/test; the source hashes."""
+             class_names: list[str], source: dict[str, str], twins: str | None = None) -> dict:
+    """Sizes, class counts, sha256 per array; factor ranges of train (largest)/val/test; the source hashes;
+    whether the draws were made over whole twin pairs (``twin_aware``, and the pair column)."""
     largest = max((n for n in arrays if n.startswith("train_")), key=lambda n: int(n.split("_")[1]))
-    out = {"source": source, "arrays": {}}
+    out = {"source": source, "twin_aware": twins is not None, "twin_column": twins, "arrays": {}}
     for name, idx in arrays.items():
         counts = np.bincount(labels[idx], minlength=len(class_names))
         out["arrays"][name] = {

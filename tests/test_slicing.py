@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 
 from pipeline.config import Params, Slicing
 from pipeline.errors import ConfigError, StageError
-from pipeline.slicing import check_splits, make_splits, manifest, per_class_counts
+from pipeline.slicing import check_splits, check_twins, make_splits, manifest, per_class_counts
 from pipeline.stages import generate as gen_stage
 from pipeline.stages import slice as slice_stage
 from pipeline.tasks import TASKS
@@ -30,7 +31,8 @@ def pool(task: str, n: int = 600):
 def test_splits_are_nested_balanced_disjoint(task):
     data, factors = pool(task)
     k = len(data.class_names)
-    out = make_splits(data.labels, factors, k, TASKS[task].slice_factors, CFG, seed=0, task=task)
+    out = make_splits(data.labels, factors, k, TASKS[task].slice_factors, CFG, seed=0, task=task,
+                      twins=TASKS[task].twins)
     role = factors["role"].to_numpy()
     assert (role[out["test"]] == "eval").all() and (role[out["val"]] == "fit").all()
     for n in CFG.train_sizes:
@@ -47,10 +49,65 @@ def test_splits_are_nested_balanced_disjoint(task):
     col = TASKS[task].slice_factors[0]
     parts = np.concatenate([out[s] for s in slices if s.startswith(f"slice/{col}=")])
     np.testing.assert_array_equal(np.sort(parts), out["test"])
-    again = make_splits(data.labels, factors, k, TASKS[task].slice_factors, CFG, seed=0, task=task)
+    again = make_splits(data.labels, factors, k, TASKS[task].slice_factors, CFG, seed=0, task=task,
+                        twins=TASKS[task].twins)
     assert all(np.array_equal(out[key], again[key]) for key in out)
-    other = make_splits(data.labels, factors, k, TASKS[task].slice_factors, CFG, seed=1, task=task)
+    other = make_splits(data.labels, factors, k, TASKS[task].slice_factors, CFG, seed=1, task=task,
+                        twins=TASKS[task].twins)
     assert not np.array_equal(out["train_120"], other["train_120"])
+
+
+def _pair_sets(z, names: list[str], pairs: np.ndarray) -> dict[str, set]:
+    return {name: set(pairs[z[name]].tolist()) for name in names}
+
+
+@pytest.mark.parametrize("task", ["relation", "arrangement"])
+def test_twin_aware_splits_on_generated_data(task, tmp_path):
+    """On the data and slice stages' real outputs: no twin pair straddles train/val/test, test and every
+    slice hold whole pairs, the nested subsets stay nested and exactly class-balanced; the manifest says so."""
+    raw = {"tasks": {"names": [task], task: {"n": 800}},
+           "slice": {"train_sizes": [40, 100, 200], "val_size": 60, "test_size": 120},
+           "train": {"tasks": [task], "size": 40, "curve": {"tasks": [task], "sizes": [40]}},
+           "distill": {"tasks": [task]}}
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(raw))
+    data, out = tmp_path / "tasks", tmp_path / "slices"
+    assert gen_stage.main(["--params", str(params), "--task", task, "--out", str(data)]) == 0
+    assert slice_stage.main(["--params", str(params), "--task", task, "--data", str(data), "--out", str(out)]) == 0
+    factors = pd.read_csv(data / "factors.csv")
+    pairs, labels = factors["pair"].to_numpy(), np.load(data / "labels.npy")
+    with np.load(out / "indices.npz") as z:
+        arrays = {name: z[name] for name in z.files}
+    sets = _pair_sets(arrays, ["train_200", "val", "test"], pairs)
+    assert not sets["train_200"] & sets["val"] and not sets["train_200"] & sets["test"]
+    assert not sets["val"] & sets["test"]
+    for name, idx in arrays.items():  # whole pairs: every touched pair is there with both twins
+        assert np.isin(np.flatnonzero(np.isin(pairs, pairs[idx])), idx).all(), name
+        assert len(idx) == 2 * len(np.unique(pairs[idx])), name
+    for small, big in (("train_40", "train_100"), ("train_100", "train_200")):
+        assert np.isin(arrays[small], arrays[big]).all()
+    for n in (40, 100, 200):
+        assert np.bincount(labels[arrays[f"train_{n}"]]).tolist() == [n // 2, n // 2]
+    assert any(name.startswith("slice/") for name in arrays)
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["twin_aware"] is True and man["twin_column"] == "pair"
+
+
+def test_twin_checks_refuse_straddles_and_odd_sizes():
+    pairs = np.repeat(np.arange(6), 2)
+    good = {"train_2": np.array([0, 1]), "val": np.array([2, 3]), "test": np.array([4, 5, 6, 7])}
+    check_twins(good, pairs)
+    with pytest.raises(StageError, match="val: shares a twin pair with test"):
+        check_twins({**good, "val": np.array([2, 3, 5])}, pairs)
+    with pytest.raises(StageError, match="slice/a=1: holds incomplete twin pairs"):
+        check_twins({**good, "slice/a=1": np.array([4])}, pairs)
+    data, factors = pool("relation")
+    odd = Slicing(train_sizes=[31], val_size=40, test_size=100)
+    with pytest.raises(ConfigError, match="slice.train_sizes: 31"):
+        make_splits(data.labels, factors, 2, [], odd, seed=0, task="relation", twins="pair")
+    with pytest.raises(StageError, match="twins"):  # a 'pair' column that does not pair the classes
+        make_splits(data.labels, factors.assign(pair=np.arange(len(factors))), 2, [], CFG, seed=0,
+                    task="relation", twins="pair")
 
 
 def test_id_and_ood_slices_where_a_training_range_exists():
@@ -127,7 +184,7 @@ def test_slice_stage_end_to_end(tmp_path, capsys):
         assert z["train_100"].dtype == np.int64
     man = json.loads((outs[0] / "manifest.json").read_text())
     meta = json.loads((data / "meta.json").read_text())
-    assert man["source"]["labels_sha256"] == meta["sha256"]["labels"]
+    assert man["source"]["labels_sha256"] == meta["sha256"]["labels"] and man["twin_aware"] is True
 
     # Too large a training size: one line naming the key, no output folder.
     raw["slice"]["train_sizes"] = [50, 10_000]

@@ -87,12 +87,15 @@ def test_alignment_offset_read_back_from_pixels():
     np.testing.assert_array_equal(ev["id"], ev["dx"].le(1) & ev["dy"].le(1))
 
 
-def test_alignment_glyphs_differ_by_exactly_twice_the_flips():
+@pytest.mark.parametrize("k, size, flips", [(4, 3, 2), (2, 3, 4), (3, 3, 1), (4, 4, 3), (2, 3, 3)])
+def test_glyphs_differ_by_exactly_twice_the_flips_and_have_equal_area(k, size, flips):
     from pipeline.tasks.common import glyph_bank
 
-    g = glyph_bank(np.random.default_rng(0), 4, 3, 2).reshape(4, -1)
-    dist = (g[:, None] != g[None]).sum(-1)
-    assert (dist[~np.eye(4, dtype=bool)] == 4).all() and g[:, 0].all()
+    for seed in range(20):
+        g = glyph_bank(np.random.default_rng(seed), k, size, flips).reshape(k, -1)
+        dist = (g[:, None] != g[None]).sum(-1)
+        assert (dist[~np.eye(k, dtype=bool)] == 2 * flips).all() and g[:, 0].all()
+        assert len(set(g.sum(1).tolist())) == 1  # equal pixel counts: area is no shortcut
 
 
 # --------------------------------------------------------------------------- scale

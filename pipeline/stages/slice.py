@@ -67,14 +67,15 @@ def main(argv: list[str] | None = None) -> None:
     factors = factors.join(spec.derive(factors, params))
     try:
         arrays = make_splits(labels, factors, meta["num_classes"], spec.slice_factors, params.slice,
-                             params.seed, args.task)
+                             params.seed, args.task, twins=spec.twins)
     except ConfigError as err:
         raise ConfigError(f"{args.params}: {err}") from None
     source = {"images_sha256": meta["sha256"]["images"], "labels_sha256": meta["sha256"]["labels"],
               "factors_sha256": sha256_file(data / "factors.csv")}
     with atomic_dir(args.out) as tmp:
         save_npz(tmp / "indices.npz", arrays)
-        write_json(tmp / "manifest.json", manifest(arrays, labels, factors, meta["class_names"], source))
+        write_json(tmp / "manifest.json",
+                   manifest(arrays, labels, factors, meta["class_names"], source, twins=spec.twins))
     sizes = {k: len(v) for k, v in arrays.items() if not k.startswith("slice/")}
     print(f"{args.task}: {sizes}, {sum(k.startswith('slice/') for k in arrays)} slices -> {args.out}")
 

@@ -28,18 +28,20 @@ def _relation_windows(factors: pd.DataFrame, params: Params) -> pd.DataFrame:
 @dataclass(frozen=True)
 class TaskSpec:
     """generate: the task's generator; slice_factors: columns to slice the test split by; derive: extra
-    factor columns that depend on a model's configuration (added at slice time, e.g. Swin windows)."""
+    factor columns that depend on a model's configuration (added at slice time, e.g. Swin windows);
+    twins: the factor column naming each sample's twin pair (splits keep pairs whole), or None."""
 
     generate: Callable[..., TaskData]
     slice_factors: list[str]
     derive: Callable[[pd.DataFrame, Params], pd.DataFrame] = _no_derived
+    twins: str | None = None
 
 
 TASKS: dict[str, TaskSpec] = {
     "alignment": TaskSpec(alignment.generate, alignment.SLICE_FACTORS),
     "scale": TaskSpec(scale.generate, scale.SLICE_FACTORS),
-    "relation": TaskSpec(relation.generate, relation.SLICE_FACTORS, _relation_windows),
-    "arrangement": TaskSpec(arrangement.generate, arrangement.SLICE_FACTORS),
+    "relation": TaskSpec(relation.generate, relation.SLICE_FACTORS, _relation_windows, twins="pair"),
+    "arrangement": TaskSpec(arrangement.generate, arrangement.SLICE_FACTORS, twins="pair"),
     "natural": TaskSpec(natural.generate, natural.SLICE_FACTORS),
 }
 

@@ -68,16 +68,25 @@ def roles(n_eval: int, n_fit: int) -> np.ndarray:
 
 
 def glyph_bank(rng: np.random.Generator, k: int, size: int, flips: int) -> np.ndarray:
-    """k distinct binary glyphs (k, size, size) at a controlled similarity.
+    """k distinct binary glyphs (k, size, size) at a controlled similarity, all with the same pixel count.
 
     Each glyph is one shared random base with its own ``flips`` pixels inverted; the flipped sets are
-    disjoint, so any two glyphs differ in exactly ``2 * flips`` pixels (the similarity knob). Pixel (0, 0)
-    is always on and never flipped, so a glyph's bounding box starts at its origin (tests read the
-    offset back from the pixels). Needs ``k * flips <= size * size - 1``.
+    disjoint, so any two glyphs differ in exactly ``2 * flips`` pixels (the similarity knob). Every glyph
+    turns ``ceil(flips / 2)`` base pixels off and ``flips // 2`` on, so all glyphs have equal area: a pixel
+    count (foreground area) cannot tell them apart (it did before: the alignment task's area floor was 0.50
+    with 4 classes). Pixel (0, 0) is always on and never flipped, so a glyph's bounding box starts at its
+    origin (tests read the offset back from the pixels). Needs ``k * flips <= size * size - 1``.
     """
-    base = rng.integers(0, 2, size * size).astype(bool)
+    rest = size * size - 1  # pixels other than the origin
+    turn_off = flips - flips // 2
+    n_on = k * turn_off + int(rng.integers(0, rest - k * flips + 1))  # base pixels on besides the origin
+    order = 1 + rng.permutation(rest)
+    on_px, off_px = order[:n_on], order[n_on:]
+    base = np.zeros(size * size, dtype=bool)
     base[0] = True
-    chosen = 1 + rng.permutation(size * size - 1)[: k * flips].reshape(k, flips)
+    base[on_px] = True
+    chosen = np.concatenate([on_px[: k * turn_off].reshape(k, turn_off),
+                             off_px[: k * (flips // 2)].reshape(k, flips // 2)], axis=1)
     masks = np.zeros((k, size * size), dtype=bool)
     masks[np.arange(k)[:, None], chosen] = True
     return (base[None] ^ masks).reshape(k, size, size)

@@ -1,0 +1,226 @@
+"""Shortcut floors: how far each task can be solved without the factor it is meant to test.
+
+Each baseline maps a task's pool (images, factors) to a feature matrix, and a multinomial logistic regression
+(scikit-learn) fitted on the training subset is scored on the test split. Three families:
+
+- **global counts**: per-channel intensity histograms, a joint colour histogram, the foreground area;
+- **one object alone**: one designated object's colour and/or position (from the task's factors), without its
+  partner;
+- **no token mixing**: per-patch features (pixels and a fixed random ReLU map) summed over the patches, without
+  (``tokens_bag``) and with (``tokens_pos``) each patch's position: a sum of per-token contributions, the most
+  a readout can reach when tokens never interact.
+
+A baseline marked ``uses_factor`` sees what the task is about (e.g. a glyph's position on ``arrangement``,
+whose factor is layout); it is reported but does not count towards the floor. The floor is the best accuracy
+of the rest: the null that "no interaction" or "no position" predictions are judged against.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy.stats import binomtest
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import LogisticRegression
+from sklearn.preprocessing import OneHotEncoder, StandardScaler
+
+Features = Callable[[np.ndarray, pd.DataFrame], np.ndarray]
+
+HIST_BINS = 16  # per-channel intensity histogram bins
+COLOUR_LEVELS = 4  # joint colour histogram: levels per channel (64 bins for RGB)
+FOREGROUND_DIFF = 48  # grey levels from the image's median colour that count as foreground
+RANDOM_FEATURES = 64  # per-patch random ReLU features
+
+
+# --------------------------------------------------------------------------- global counts
+def channel_histograms(images: np.ndarray) -> np.ndarray:
+    """(N, H, W, C) uint8 -> (N, C * HIST_BINS) pixel counts per channel and intensity bin."""
+    n, _, _, c = images.shape
+    bins = (images.reshape(n, -1, c).astype(np.int64) * HIST_BINS) // 256  # (N, HW, C)
+    codes = bins + HIST_BINS * np.arange(c)  # one bin range per channel
+    return _count_codes(codes.reshape(n, -1), c * HIST_BINS)
+
+
+def colour_histogram(images: np.ndarray) -> np.ndarray:
+    """(N, H, W, C) uint8 -> (N, COLOUR_LEVELS**C) pixel counts per quantised colour."""
+    n, _, _, c = images.shape
+    q = (images.reshape(n, -1, c).astype(np.int64) * COLOUR_LEVELS) // 256
+    codes = (q * COLOUR_LEVELS ** np.arange(c)).sum(-1)
+    return _count_codes(codes, COLOUR_LEVELS**c)
+
+
+def foreground_area(images: np.ndarray) -> np.ndarray:
+    """(N, H, W, C) uint8 -> (N, H*W + 1) one-hot of the number of pixels far from the image's median colour,
+    so that any function of the area (not only a threshold) is within a linear model's reach."""
+    n, h, w, c = images.shape
+    flat = images.reshape(n, -1, c).astype(np.int16)
+    median = np.median(flat, axis=1, keepdims=True)
+    area = (np.abs(flat - median).max(-1) > FOREGROUND_DIFF).sum(1)
+    return np.eye(h * w + 1, dtype=np.float32)[area]
+
+
+def _count_codes(codes: np.ndarray, size: int) -> np.ndarray:
+    """(N, M) integer codes in 0..size-1 -> (N, size) float32 counts per row."""
+    n = len(codes)
+    flat = (codes + size * np.arange(n)[:, None]).reshape(-1)
+    return np.bincount(flat, minlength=n * size).reshape(n, size).astype(np.float32)
+
+
+# --------------------------------------------------------------------------- no token mixing
+def patch_features(images: np.ndarray, patch: int, seed: int) -> np.ndarray:
+    """(N, H, W, C) -> (N, T, D): each patch's own features (its pixels and a fixed random ReLU map of them);
+    a function of one patch only, so any sum of them has no token interaction."""
+    n, h, w, c = images.shape
+    g = h // patch
+    x = images.reshape(n, g, patch, w // patch, patch, c).transpose(0, 1, 3, 2, 4, 5)
+    x = x.reshape(n, g * (w // patch), patch * patch * c).astype(np.float32) / 127.5 - 1.0
+    rng = np.random.default_rng(seed)
+    proj = rng.standard_normal((x.shape[-1], RANDOM_FEATURES)).astype(np.float32) / np.sqrt(x.shape[-1])
+    bias = rng.uniform(-1, 1, RANDOM_FEATURES).astype(np.float32)
+    return np.concatenate([x, np.maximum(x @ proj + bias, 0)], axis=-1)
+
+
+def tokens_bag(images: np.ndarray, patch: int, seed: int) -> np.ndarray:
+    """Sum over patches of per-patch features and their pairwise products (within one patch: e.g. a mark's
+    frame times its colour): what a position-free, mixing-free readout sees."""
+    f = patch_features(images, patch, seed)
+    pixels = f[..., : patch * patch * images.shape[-1]]
+    i, j = np.triu_indices(pixels.shape[-1])
+    return np.concatenate([f.sum(1), (pixels[..., i] * pixels[..., j]).sum(1)], axis=1)
+
+
+def tokens_pos(images: np.ndarray, patch: int, seed: int) -> np.ndarray:
+    """Sum over patches of onehot(position) x per-patch features (= the per-patch features side by side):
+    what a readout of position-aware but never-interacting tokens sees."""
+    f = patch_features(images, patch, seed)
+    return f.reshape(len(f), -1)
+
+
+# --------------------------------------------------------------------------- one object alone
+def factor_onehot(groups: list[list[str]]) -> Features:
+    """Features: per group of factor columns, one-hot of its joint value; the groups side by side, so a linear
+    model sees any function of one group but only sums across groups (one object each: no interaction)."""
+    def features(images: np.ndarray, factors: pd.DataFrame) -> np.ndarray:
+        return np.stack([factors[cols].astype(str).agg("|".join, axis=1).to_numpy() for cols in groups], axis=1)
+    features.categorical = True  # type: ignore[attr-defined]
+    return features
+
+
+@dataclass(frozen=True)
+class Baseline:
+    name: str
+    uses: str  # what it sees, in words
+    features: Features
+    uses_factor: bool = False  # sees the task's own factor: reported, not part of the floor
+
+
+def global_baselines() -> list[Baseline]:
+    return [
+        Baseline("channel_histograms", "pixel counts per channel and intensity (16 bins)",
+                 lambda im, f: channel_histograms(im)),
+        Baseline("colour_histogram", "pixel counts per quantised colour (4 levels per channel)",
+                 lambda im, f: colour_histogram(im)),
+        Baseline("foreground_area", "number of pixels far from the image's median colour",
+                 lambda im, f: foreground_area(im)),
+    ]
+
+
+def token_baselines(patch: int, seed: int, position_is_factor: bool) -> list[Baseline]:
+    return [
+        Baseline("tokens_bag", f"{patch}px patches' own features summed (no position, no mixing)",
+                 lambda im, f: tokens_bag(im, patch, seed)),
+        Baseline("tokens_pos", f"{patch}px patches' own features with their position, summed (no mixing)",
+                 lambda im, f: tokens_pos(im, patch, seed), uses_factor=position_is_factor),
+    ]
+
+
+# Per task: the factor it is about, and its one-object baselines (name, groups of factor columns, what they
+# see, whether that is the task's factor). Several groups = one object each, added: a per-token readout's
+# best case when each object sits in its own token.
+A_COLOUR, B_COLOUR = ["colour_a"], ["colour_b"]
+A_MARK, B_MARK = ["colour_a", "ya", "xa"], ["colour_b", "yb", "xb"]
+A_CELL, B_CELL = ["row_a", "col_a"], ["row_b", "col_b"]
+OBJECTS: dict[str, tuple[str, list[tuple[str, list[list[str]], str, bool]]]] = {
+    "alignment": ("glyph identity under sub-patch offsets", [
+        ("position_alone", [["x", "y"]], "the glyph's pixel position (cell and offset), not its shape", False)]),
+    "scale": ("shape identity across sizes", [
+        ("size_alone", [["size"]], "the shape's size in px, not its shape", False),
+        ("position_alone", [["x", "y"]], "the shape's position, not its shape", False)]),
+    "relation": ("the relation between A's and B's colours (A and B must interact)", [
+        ("colour_a_alone", [A_COLOUR], "mark A's colour, without B", False),
+        ("colour_b_alone", [B_COLOUR], "mark B's colour, without A", False),
+        ("a_alone", [A_MARK], "mark A's colour and position, without B", False),
+        ("b_alone", [B_MARK], "mark B's colour and position, without A", False),
+        ("a_plus_b", [A_COLOUR, B_COLOUR], "A's colour and B's colour, added (no interaction)", False)]),
+    "arrangement": ("the layout of the patches (position)", [
+        ("position_a_alone", [A_CELL], "glyph A's cell, without B", True),
+        ("position_b_alone", [B_CELL], "glyph B's cell, without A", True),
+        ("position_a_plus_b", [A_CELL, B_CELL], "A's cell and B's cell, added (no interaction)", True)]),
+    "natural": ("object category", []),
+}
+
+
+def task_baselines(task: str, patch: int, seed: int) -> list[Baseline]:
+    """Every baseline of one task: global counts, no token mixing, and its one-object baselines."""
+    factor, objects = OBJECTS[task]
+    out = global_baselines() + token_baselines(patch, seed, position_is_factor=task == "arrangement")
+    out += [Baseline(name, uses, factor_onehot(cols), uses_factor) for name, cols, uses, uses_factor in objects]
+    return out
+
+
+# --------------------------------------------------------------------------- fitting and scoring
+def wilson(k: int, n: int, confidence: float = 0.95) -> list[float]:
+    ci = binomtest(k, n).proportion_ci(confidence_level=confidence, method="wilson")
+    return [float(ci.low), float(ci.high)]
+
+
+def fit_predict(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray,
+                categorical: bool = False) -> np.ndarray:
+    """Logistic regression fitted on (x_train, y_train); its predicted class for each test row."""
+    prep = OneHotEncoder(handle_unknown="ignore") if categorical else StandardScaler()
+    xtr, xte = prep.fit_transform(x_train), prep.transform(x_test)
+    model = LogisticRegression(C=1.0, max_iter=300)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)  # an unconverged fit only lowers its own floor
+        model.fit(xtr, y_train)
+    return model.predict(xte)
+
+
+def score(correct: np.ndarray) -> dict:
+    """acc, n and the Wilson interval of a boolean vector of correct predictions."""
+    k, n = int(correct.sum()), len(correct)
+    return {"acc": k / n, "n": n, "ci": wilson(k, n)}
+
+
+def fit_score(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
+              categorical: bool = False) -> dict:
+    """Logistic regression fitted on (x_train, y_train), scored on the test rows: acc, n, Wilson CI."""
+    return score(fit_predict(x_train, y_train, x_test, categorical) == y_test)
+
+
+def floors(task: str, images: np.ndarray, labels: np.ndarray, factors: pd.DataFrame, train: np.ndarray,
+           test: np.ndarray, num_classes: int, patch: int, seed: int,
+           slices: dict[str, np.ndarray] | None = None) -> dict:
+    """The floors.json record of one task: every baseline's test accuracy (and on each of ``slices``, subsets
+    of ``test`` such as ``slice/id``/``slice/ood``), chance, the floor and its baseline."""
+    rows = np.concatenate([train, test])
+    im, fac = images[rows], factors.iloc[rows].reset_index(drop=True)
+    y_train, y_test = labels[train], labels[test]
+    members = {name: np.isin(test, idx) for name, idx in (slices or {}).items()}
+    baselines = {}
+    for b in task_baselines(task, patch, seed):
+        x = b.features(im, fac)
+        correct = fit_predict(x[: len(train)], y_train, x[len(train):], getattr(b.features, "categorical", False))
+        correct = correct == y_test
+        baselines[b.name] = {**score(correct), "uses": b.uses, "uses_factor": b.uses_factor,
+                             "slices": {name: score(correct[m]) for name, m in members.items()}}
+    counted = {name: r for name, r in baselines.items() if not r["uses_factor"]}
+    best = max(counted, key=lambda name: counted[name]["acc"])
+    chance = float(np.bincount(y_test, minlength=num_classes).max() / len(y_test))
+    return {"task": task, "factor": OBJECTS[task][0], "chance": chance, "baselines": baselines,
+            "floor": counted[best]["acc"], "floor_baseline": best,
+            "floor_slices": {name: max(r["slices"][name]["acc"] for r in counted.values()) for name in members}}

@@ -1,0 +1,178 @@
+"""Shortcut floors: every baseline finds a planted shortcut and stays at chance on shuffled labels; the
+stage writes floors.json from the real generated data."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from pipeline.config import Params
+from pipeline.shortcuts import (
+    channel_histograms,
+    colour_histogram,
+    factor_onehot,
+    fit_score,
+    floors,
+    foreground_area,
+    tokens_bag,
+    tokens_pos,
+)
+from pipeline.stages import generate as gen_stage
+from pipeline.stages import shortcuts as shortcut_stage
+from pipeline.stages import slice as slice_stage
+from pipeline.tasks import TASKS
+
+N, S, P = 600, 16, 4  # images, side, patch
+
+
+def _canvas(rng: np.random.Generator) -> np.ndarray:
+    """Dark noisy backgrounds (N, S, S, 3), values 0..40."""
+    return rng.integers(0, 41, (N, S, S, 3)).astype(np.uint8)
+
+
+def _scatter(images: np.ndarray, rng: np.random.Generator, counts: np.ndarray, colour) -> None:
+    for i, k in enumerate(counts):
+        cells = rng.choice(S * S, k, replace=False)
+        images[i, cells // S, cells % S] = colour[i] if np.ndim(colour) == 2 else colour
+
+
+def planted_count(rng):
+    """Label = parity of the number of bright pixels (the area, not any threshold of it)."""
+    k = rng.integers(2, 12, N)
+    images = _canvas(rng)
+    _scatter(images, rng, k, (250, 250, 250))
+    return images, pd.DataFrame(index=range(N)), k % 2
+
+
+def planted_channel(rng):
+    """Label = the bright pixels are red or green (same count and position statistics)."""
+    y = rng.integers(0, 2, N)
+    images = _canvas(rng)
+    colour = np.where(y[:, None] == 1, [250, 20, 20], [20, 250, 20])
+    _scatter(images, rng, np.full(N, 6), colour)
+    return images, pd.DataFrame(index=range(N)), y
+
+
+def planted_patch(rng, by_position: bool):
+    """One patch-sized bar per image in a random cell: label = bar orientation (a patch's content), or
+    (by_position) whether the bar's cell lies in the left half (its position; orientation random)."""
+    y, orient, cell = rng.integers(0, 2, N), rng.integers(0, 2, N), rng.integers(0, (S // P) ** 2, N)
+    if by_position:
+        cell = (cell // (S // P)) * (S // P) + rng.integers(0, S // P // 2, N) + (S // P // 2) * y
+    else:
+        orient = y
+    images = _canvas(rng)
+    for i in range(N):
+        r, c = (cell[i] // (S // P)) * P, (cell[i] % (S // P)) * P
+        if orient[i]:
+            images[i, r: r + P, c + 1] = 250
+        else:
+            images[i, r + 1, c: c + P] = 250
+    return images, pd.DataFrame(index=range(N)), y
+
+
+def planted_factor(rng):
+    """Label = a function of one object's colour (a factor column), another column pure noise."""
+    colour = rng.integers(0, 4, N)
+    return _canvas(rng), pd.DataFrame({"colour_a": colour, "xa": rng.integers(0, 12, N)}), (colour % 3 == 0)
+
+
+CASES = {
+    "foreground_area": (planted_count, lambda im, f: foreground_area(im), False),
+    "channel_histograms": (planted_channel, lambda im, f: channel_histograms(im), False),
+    "colour_histogram": (planted_channel, lambda im, f: colour_histogram(im), False),
+    "tokens_bag": (lambda rng: planted_patch(rng, False), lambda im, f: tokens_bag(im, P, 0), False),
+    "tokens_pos": (lambda rng: planted_patch(rng, True), lambda im, f: tokens_pos(im, P, 0), False),
+    "one_object": (planted_factor, factor_onehot([["colour_a", "xa"]]), True),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_baseline_finds_a_planted_shortcut_and_not_shuffled_labels(name):
+    planted, features, categorical = CASES[name]
+    rng = np.random.default_rng(0)
+    images, factors, y = planted(rng)
+    y = np.asarray(y, dtype=np.int64)
+    x = features(images, factors)
+    half = N // 2
+    found = fit_score(x[:half], y[:half], x[half:], y[half:], categorical)
+    assert found["acc"] >= 0.95 and found["n"] == half, found
+    lo, hi = found["ci"]
+    assert lo <= found["acc"] <= hi <= 1.0
+    shuffled = rng.permutation(y)
+    control = fit_score(x[:half], shuffled[:half], x[half:], shuffled[half:], categorical)
+    majority = np.bincount(shuffled[half:]).max() / half
+    assert control["acc"] <= majority + 0.08, control  # no better than guessing the larger class
+
+
+def test_position_blind_probe_misses_a_position_shortcut():
+    images, factors, y = planted_patch(np.random.default_rng(1), by_position=True)
+    x = tokens_bag(images, P, 0)
+    assert fit_score(x[: N // 2], y[: N // 2], x[N // 2:], y[N // 2:])["acc"] < 0.65
+
+
+def test_additive_objects_cannot_express_an_interaction():
+    """Label = colour(A) == colour(B) on 2 colours (XOR): separate one-hots (no interaction) stay near chance
+    under the logistic loss; the joint one-hot (interaction) solves it."""
+    rng = np.random.default_rng(2)
+    f = pd.DataFrame({"a": rng.integers(0, 2, N), "b": rng.integers(0, 2, N)})
+    y = (f["a"] == f["b"]).to_numpy(dtype=np.int64)
+    h = N // 2
+    sep, joint = factor_onehot([["a"], ["b"]])(None, f), factor_onehot([["a", "b"]])(None, f)
+    assert fit_score(sep[:h], y[:h], sep[h:], y[h:], True)["acc"] < 0.65
+    assert fit_score(joint[:h], y[:h], joint[h:], y[h:], True)["acc"] == 1.0
+
+
+def test_floors_per_slice_on_a_task_with_unseen_offsets():
+    params = Params()
+    d = TASKS["alignment"].generate(200, 0, params.geometry, params.tasks.alignment)
+    role, in_dist = d.factors["role"].to_numpy(), d.factors["id"].to_numpy()
+    train, test = np.flatnonzero(role == "fit")[:100], np.flatnonzero(role == "eval")
+    slices = {"slice/id": test[in_dist[test]], "slice/ood": test[~in_dist[test]]}
+    rec = floors("alignment", d.images, d.labels, d.factors, train, test, 4, 4, 0, slices)
+    assert rec["chance"] <= 0.35 and {"foreground_area", "tokens_pos", "position_alone"} <= set(rec["baselines"])
+    for name, idx in slices.items():
+        got = {b: r["slices"][name] for b, r in rec["baselines"].items()}
+        assert all(g["n"] == len(idx) for g in got.values())
+        assert rec["floor_slices"][name] == max(g["acc"] for g in got.values())  # alignment: none sees the factor
+
+
+def test_shortcuts_stage_on_generated_data(tmp_path, capsys):
+    raw = {"tasks": {"names": ["relation"], "relation": {"n": 400}},
+           "slice": {"train_sizes": [100, 200], "val_size": 40, "test_size": 60},
+           "train": {"tasks": ["relation"], "size": 200, "curve": {"tasks": ["relation"], "sizes": [200]}},
+           "distill": {"tasks": ["relation"]}}
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(raw))
+    data, slices, out = tmp_path / "tasks", tmp_path / "slices", tmp_path / "shortcuts"
+    report = tmp_path / "reports" / "relation.md"
+    assert gen_stage.main(["--params", str(params), "--task", "relation", "--out", str(data)]) == 0
+    assert slice_stage.main(["--params", str(params), "--task", "relation", "--data", str(data),
+                             "--out", str(slices)]) == 0
+    argv = ["--params", str(params), "--task", "relation", "--data", str(data), "--slices", str(slices)]
+    assert shortcut_stage.main([*argv, "--out", str(out), "--report", str(report)]) == 0
+    rec = json.loads((out / "floors.json").read_text())
+    assert rec["task"] == "relation" and rec["chance"] == 0.5
+    counted = {k: b["acc"] for k, b in rec["baselines"].items() if not b["uses_factor"]}
+    assert {"foreground_area", "tokens_bag", "a_alone"} <= set(counted)
+    assert rec["floor"] == max(counted.values()) and counted[rec["floor_baseline"]] == rec["floor"]
+    assert all(b["n"] == 60 and b["uses"] and b["ci"][0] <= b["acc"] <= b["ci"][1] for b in rec["baselines"].values())
+    # Twin pairs give identical global counts to both labels: exactly chance on a whole-pair test split.
+    assert rec["baselines"]["colour_histogram"]["acc"] == 0.5
+    assert "| a_alone |" in report.read_text() and rec["floor_slices"] == {}  # relation has no id/ood
+
+    # Splits without train_<train.size>, or unreadable: one line naming the key or file, nothing written.
+    fresh = tmp_path / "fresh"
+    with np.load(slices / "indices.npz") as z:
+        np.savez(slices / "indices.npz", test=z["test"])
+    assert shortcut_stage.main([*argv, "--out", str(fresh)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "train.size" in err and "train_200" in err and "\n" not in err and not fresh.exists()
+    (slices / "indices.npz").write_bytes(b"")
+    assert shortcut_stage.main([*argv, "--out", str(fresh)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "indices.npz" in err and "\n" not in err and not fresh.exists()
