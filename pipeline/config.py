@@ -481,8 +481,6 @@ class Params(Section):
         if self.evaluation is None:
             return self
         r, s = self.evaluation.resolution, self.models.swin
-        if missing := [t for t in r.tasks if t not in self.tasks.names]:
-            raise ValueError(f"evaluation.resolution.tasks: {missing} not in tasks.names {self.tasks.names}")
         step = s.patch_size * 2 ** (len(s.depths) - 1)
         for size in r.sizes:
             if size % self.geometry.patch_size:

@@ -286,7 +286,9 @@ def fit(job: Job) -> dict:
                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     extra = ({"student_train": _subset(split.indices, params.train.size, spec.slices_dir)}
              if spec.stage == "teacher" else {})
-    return {"evaluation": evaluate(model, split, rt.eval_batch_size, extra),
+    evaluation = {**evaluate(model, split, rt.eval_batch_size, extra),
+                  **evaluate_factors(model, spec, split, params)}
+    return {"evaluation": evaluation,
             "val_acc": float(val) if val is not None else None, "curve": curves.rows, "series": curves.series,
             "budget": budget.count_budget(model, params, steps, record), "measured": measured,
             "provenance": {**data_provenance(manifest, train_idx), "teacher": record},
@@ -316,6 +318,27 @@ def evaluate(model, split, batch_size: int, extra: dict[str, np.ndarray]) -> dic
             "shift_consistency": float((shifted.argmax(-1) == logits.argmax(-1)).mean()), "sets": sets}
 
 
+def evaluate_factors(model, spec: RunSpec, split, params: Params) -> dict:
+    """The pre-specified test-set subgroups (natural images) and the resolution sweep (``evaluation``)."""
+    from pipeline.resolution import evaluate_resolutions, native_for
+    from pipeline.subgroups import evaluate_subgroups
+    from pipeline.train import predict
+
+    ev, bs, task = params.evaluation, params.train.runtime.eval_batch_size, spec.key.task
+    test_idx = split.indices["test"]
+    x, y = split.images[test_idx], split.labels[test_idx]
+    out = {}
+    if ev is None:
+        return out
+    if task == "natural":
+        out["subgroups"] = evaluate_subgroups(lambda b: predict(model, b, bs), x, y, params)
+    if task in ev.resolution.tasks:
+        native = native_for(task, spec.data_dir, test_idx, x)
+        res = evaluate_resolutions(model, spec.model, params, native, y, ev.resolution.sizes, bs)
+        out["resolution"] = {str(k): v for k, v in res.items()}
+    return out
+
+
 # --------------------------------------------------------------------------- record (stage process)
 def compose(job: Job, result: dict, run_id: str) -> dict:
     """``metrics.json``: what analysis reads (one flat record per run)."""
@@ -330,6 +353,7 @@ def compose(job: Job, result: dict, run_id: str) -> dict:
         "provenance": {**result["provenance"], "code_sha256": code_sha256(),
                        "params_sha256": params_sha256(run_params(job.params, spec))},
         **ev["sets"],
+        **{k: ev[k] for k in ("subgroups", "resolution") if k in ev},
     }
     if spec.stage == "teacher":
         p = job.params

@@ -31,6 +31,12 @@ def parse_slice(key: str) -> tuple[str, str]:
     return "split", name
 
 
+def _teacher_arch(m: dict) -> str | None:
+    """metrics.json names a student's teacher arch in ``teacher``; its full record is ``provenance.teacher``."""
+    t = m.get("teacher")
+    return t if isinstance(t, str) or t is None else t.get("arch")
+
+
 def runs_frame(records: list[dict]) -> pd.DataFrame:
     """metrics.json records (each with an added ``source`` and ``dir``) -> one row per run.
 
@@ -49,7 +55,7 @@ def runs_frame(records: list[dict]) -> pd.DataFrame:
             "shift_consistency": m.get("shift_consistency"),
             "n_test": int(m.get("slices", {}).get("test", {}).get("n", 0)),
             **{k: b.get(k) for k in BUDGET_KEYS}, **{k: meas.get(k) for k in MEASURED_KEYS},
-            "teacher_arch": (m.get("teacher") or {}).get("arch"), "mlflow_run_id": m.get("mlflow_run_id"),
+            "teacher_arch": _teacher_arch(m), "mlflow_run_id": m.get("mlflow_run_id"),
             "dir": m.get("dir"), "curve": m.get("curve"),
         })
     cols = ["source", "task", "arch", "model", "seed", "train_size", "num_classes", "steps", "data_seed",

@@ -75,7 +75,7 @@ def main_config(runs: pd.DataFrame) -> dict:
 def select(runs: pd.DataFrame, task: str, arch: str, config: dict) -> pd.DataFrame:
     """The runs of one cell: ``config`` fixes train_size/steps/budget_mode (data_seed 0 unless given)."""
     want = {"data_seed": 0, **config}
-    sel = (runs.task == task) & (runs.arch == arch)
+    sel = (runs.source == "runs") & (runs.task == task) & (runs.arch == arch)  # teachers are not cells
     for key, value in want.items():
         sel &= runs[key].isna() if value is None or value != value else runs[key] == value
     return runs[sel]

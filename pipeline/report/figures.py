@@ -47,7 +47,7 @@ def _legend(fig, archs, extra: tuple = ()) -> None:
 
 
 def _errorbars(ax, g: pd.DataFrame, arch: str, x: str = "x") -> None:
-    g = g.sort_values(x)
+    g = g.sort_values(x).astype({"mean": float, "ci_lo": float, "ci_hi": float})
     err = np.vstack([g["mean"] - g["ci_lo"], g["ci_hi"] - g["mean"]]).clip(min=0)
     ax.errorbar(g[x], g["mean"], yerr=None if np.isnan(err).all() else err, marker="o", ms=3, capsize=2,
                 color=colour(arch), lw=1.2)
