@@ -24,7 +24,9 @@ import aiohttp
 # Flags that work in a container without a GPU, a sandbox or network access.
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage", "--hide-scrollbars"]
+         "--disable-dev-shm-usage", "--hide-scrollbars",
+         # Only this machine resolves: a page that needs a CDN fails here as it would offline.
+         "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"]
 
 
 def chromium_path() -> str:

@@ -79,12 +79,13 @@ def mlflow_server(store: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def dvc_plots(repo: Path) -> Iterator[str]:
-    """``dvc plots show`` of ``repo`` (its configured HTML template) served over HTTP; yields the page URL."""
+def dvc_plots(repo: Path, template: Path | None = None) -> Iterator[str]:
+    """``dvc plots show`` of ``repo`` (its configured HTML template, or ``template``) over HTTP; yields the URL."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "dvc_plots"
-        subprocess.run([shutil.which("dvc") or "dvc", "plots", "show", "-o", str(out)], cwd=repo, check=True,
-                       capture_output=True, text=True)
+        extra = ["--html-template", str(template.resolve())] if template else []
+        subprocess.run([shutil.which("dvc") or "dvc", "plots", "show", "-o", str(out), *extra], cwd=repo,
+                       check=True, capture_output=True, text=True)
         handler = functools.partial(QuietHandler, directory=str(out))
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -167,7 +168,7 @@ def check_student(b: Browser, url: str, exp_id: str, run_id: str, metrics: list[
     return failures
 
 
-def check_dvc_plots(b: Browser, url: str, out: Path) -> list[str]:
+def check_dvc_plots(b: Browser, url: str, out: Path, wait: float = 60.0) -> list[str]:
     # The ids come from the page's source: vega-embed replaces each div's content (its script) as it draws.
     html = urllib.request.urlopen(url).read().decode()
     ids = re.findall(r"vegaEmbed\('#([^']+)'", html)
@@ -175,7 +176,7 @@ def check_dvc_plots(b: Browser, url: str, out: Path) -> list[str]:
              " return Boolean(g) && g.getBoundingClientRect().height > 50"
              " && (g.tagName === 'CANVAS' || g.querySelectorAll('path').length > 3); })")
     imgs = "[...document.images]"
-    b.open(url, f"{js(ids)}.every({drawn}) && {imgs}.every(i => i.complete)", wait=60)
+    b.open(url, f"{js(ids)}.every({drawn}) && {imgs}.every(i => i.complete)", wait=wait)
     blank = b.evaluate(f"{js(ids)}.filter(id => !{drawn}(id))")
     broken = b.evaluate(f"{imgs}.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src)")
     n_img = b.evaluate(f"{imgs}.length")
