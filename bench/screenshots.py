@@ -107,27 +107,31 @@ def train_experiment(repo: Path) -> str:
     return f"{params['tracking']['experiment_prefix']}-train"
 
 
-def find_runs(store: Path, experiment: str) -> tuple[str, str, list[str]]:
-    """(experiment id, a distilled student's run id, headline metric keys present in the experiment)."""
+def find_runs(store: Path, experiment: str) -> dict:
+    """Ids for the pages: the train experiment, its parent runs, a distilled student, the headline metrics logged."""
     from mlflow import MlflowClient
 
     client = MlflowClient(f"sqlite:///{store.resolve()}")
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         raise SystemExit(f"error: {store}: no experiment {experiment!r}")
-    runs = client.search_runs([exp.experiment_id], max_results=500)
-    students = [r for r in runs if "teacher.arch" in r.data.tags]
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    everywhere = client.search_runs([e.experiment_id for e in client.search_experiments()], max_results=1000)
+    students = [r for r in everywhere if "teacher.arch" in r.data.tags]  # the distill stage may log elsewhere
     if not students:
-        raise SystemExit(f"error: {store}: no distilled student (a run tagged teacher.arch) in {experiment!r}")
+        raise SystemExit(f"error: {store}: no distilled student (a run tagged teacher.arch)")
     logged = {key for r in runs for key in r.data.metrics}
-    return exp.experiment_id, students[0].info.run_id, [k for k in HEADLINE if k in logged]
+    return {"exp_id": exp.experiment_id, "metrics": [k for k in HEADLINE if k in logged],
+            "parents": sorted({r.data.tags["mlflow.parentRunId"] for r in runs if "mlflow.parentRunId" in r.data.tags}),
+            "student": (students[0].info.experiment_id, students[0].info.run_id)}
 
 
 def js(value) -> str:
     return json.dumps(value)
 
 
-def check_runs_table(b: Browser, url: str, exp_id: str, metrics: list[str], out: Path) -> list[str]:
+def check_runs_table(b: Browser, url: str, ids: dict, out: Path) -> list[str]:
+    exp_id, metrics = ids["exp_id"], ids["metrics"]
     failures = []
     # A fresh browser: where does the experiment link land (MLflow 3 default: the GenAI overview)?
     b.open(f"{url}/#/", "document.readyState === 'complete'", settle=0)
@@ -145,6 +149,7 @@ def check_runs_table(b: Browser, url: str, exp_id: str, metrics: list[str], out:
     b.evaluate(f"""(() => {{ const s = JSON.parse(localStorage.getItem({js(key)}) || '{{}}');
         s.selectedColumns = {js(columns)};  // the metrics alone: the grid draws only the columns in view
         s.orderByKey = {js(columns[0] if columns else 'attributes.start_time')}; s.orderByAsc = false;
+        s.runsExpanded = Object.fromEntries({js(ids['parents'])}.map(id => [id, true]));  // nested runs shown
         localStorage.setItem({js(key)}, JSON.stringify(s)); }})()""")
     headers = "[...document.querySelectorAll('.ag-header-cell')].map(c => c.innerText.trim())"
     ready = f"{rows} && {js(metrics)}.every(m => {headers}.includes(m))"
@@ -201,12 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.store.is_file():
         print(f"error: {args.store}: no MLflow store (run the pipeline first)", file=sys.stderr)
         return 2
-    exp_id, student, metrics = find_runs(args.store, train_experiment(args.repo))
+    ids = find_runs(args.store, train_experiment(args.repo))
     args.out.mkdir(parents=True, exist_ok=True)
     failures: list[str] = []
     with mlflow_server(args.store) as url, dvc_plots(args.repo) as plots_url, Browser(1600, 1000) as b:
-        failures += check_runs_table(b, url, exp_id, metrics, args.out)
-        failures += check_student(b, url, exp_id, student, metrics, args.out)
+        failures += check_runs_table(b, url, ids, args.out)
+        failures += check_student(b, url, *ids["student"], ids["metrics"], args.out)
         failures += check_dvc_plots(b, plots_url, args.out)
     for line in failures:
         print(f"FAIL {line}")
