@@ -8,8 +8,9 @@ asserts on what is on the page:
 
 - ``mlflow_runs.png``: the train experiment opens on its runs table (MLflow 3.x opens experiments on the GenAI
   overview until the user picks "Model training"; we do what that toggle does, then check the landing page), with
-  the headline metric columns shown (chosen the way the column selector stores them: MLflow keeps the runs-table
-  columns in the browser, not on the server);
+  the headline metric columns shown: the server-side view stored as experiment tag
+  ``mlflow.sharedViewState.headline`` (opened by its link, ``#/experiments/<id>/runs?viewStateShareKey=headline``),
+  or, without one, the columns picked the way the column selector keeps them (in the browser);
 - ``mlflow_student.png``: a distilled student's run page shows its headline metrics and its teacher's tags;
 - ``dvc_plots.png``: every vega plot drew an svg/canvas with marks (offline: ``.dvc/plots/offline.html``) and
   every image plot loaded.
@@ -43,6 +44,7 @@ from bench.browser import Browser
 # Columns to show in the runs table, first those present in the store (the run names say task/arch/size/seed).
 HEADLINE = ["test/acc", "test/slice/id", "test/slice/ood", "budget/train_flops", "budget/total_flops_with_teacher"]
 WORKFLOW_KEY = "mlflow.workflowType_v1"  # what the sidebar's "GenAI / Model training" toggle writes
+SHARED_VIEW = "headline"  # runs-table view stored as experiment tag mlflow.sharedViewState.<key> (pipeline.tracking)
 ASSISTANT_KEYS = {"mlflow.assistant.panelOpen_v1": "false", "mlflow.assistant.fab.autoOpenedOnFirstLoad_v1": "true"}
 
 
@@ -121,13 +123,26 @@ def find_runs(store: Path, experiment: str) -> dict:
     if not students:
         raise SystemExit(f"error: {store}: no distilled student (a run tagged teacher.arch)")
     logged = {key for r in runs for key in r.data.metrics}
-    return {"exp_id": exp.experiment_id, "metrics": [k for k in HEADLINE if k in logged],
+    view = json.loads(exp.tags.get(f"mlflow.sharedViewState.{SHARED_VIEW}", "{}")).get("selectedColumns", [])
+    shared = [c.split("`")[1] for c in view if c.startswith("metrics.`")]
+    return {"exp_id": exp.experiment_id, "metrics": [k for k in HEADLINE if k in logged], "shared_view": shared,
             "parents": sorted({r.data.tags["mlflow.parentRunId"] for r in runs if "mlflow.parentRunId" in r.data.tags}),
             "student": (students[0].info.experiment_id, students[0].info.run_id)}
 
 
 def js(value) -> str:
     return json.dumps(value)
+
+
+def select_columns(b: Browser, exp_id: str, metrics: list[str], parents: list[str]) -> None:
+    """Show ``metrics`` as the runs table's columns, in the view state the column selector writes."""
+    key = f'MLflowLocalStorage-1.1-ExperimentPage-["{exp_id}"]-ReactComponentState'
+    columns = [f"metrics.`{m}`" for m in metrics]
+    b.evaluate(f"""(() => {{ const s = JSON.parse(localStorage.getItem({js(key)}) || '{{}}');
+        s.selectedColumns = {js(columns)};  // the metrics alone: the grid draws only the columns in view
+        s.orderByKey = {js(columns[0] if columns else 'attributes.start_time')}; s.orderByAsc = false;
+        s.runsExpanded = Object.fromEntries({js(parents)}.map(id => [id, true]));  // nested runs shown
+        localStorage.setItem({js(key)}, JSON.stringify(s)); }})()""")
 
 
 def check_runs_table(b: Browser, url: str, ids: dict, out: Path) -> list[str]:
@@ -143,17 +158,15 @@ def check_runs_table(b: Browser, url: str, ids: dict, out: Path) -> list[str]:
         failures.append(f"runs table: no rows at {b.evaluate('location.href')}")
     if "/runs" not in b.evaluate("location.hash"):
         failures.append(f"runs table: the experiment opened on {b.evaluate('location.hash')}, not on its runs")
-    # Add the headline metrics to the columns, in the view state the column selector writes.
-    key = f'MLflowLocalStorage-1.1-ExperimentPage-["{exp_id}"]-ReactComponentState'
-    columns = [f"metrics.`{m}`" for m in metrics]
-    b.evaluate(f"""(() => {{ const s = JSON.parse(localStorage.getItem({js(key)}) || '{{}}');
-        s.selectedColumns = {js(columns)};  // the metrics alone: the grid draws only the columns in view
-        s.orderByKey = {js(columns[0] if columns else 'attributes.start_time')}; s.orderByAsc = false;
-        s.runsExpanded = Object.fromEntries({js(ids['parents'])}.map(id => [id, true]));  // nested runs shown
-        localStorage.setItem({js(key)}, JSON.stringify(s)); }})()""")
+    page = f"{url}/#/experiments/{exp_id}/runs"
+    if ids["shared_view"]:  # the server-side view the pipeline stored: its link shows its columns in any browser
+        page += f"?viewStateShareKey={SHARED_VIEW}"
+        metrics = ids["shared_view"]
+    else:  # no stored view: pick the columns as the column selector does (kept in the browser)
+        select_columns(b, exp_id, metrics, ids["parents"])
     headers = "[...document.querySelectorAll('.ag-header-cell')].map(c => c.innerText.trim())"
     ready = f"{rows} && {js(metrics)}.every(m => {headers}.includes(m))"
-    b.open(f"{url}/#/experiments/{exp_id}/runs", ready, wait=90)
+    b.open(page, ready, wait=90)
     shown = b.evaluate(headers)
     missing = [m for m in metrics if m not in shown]
     if not metrics or missing:
