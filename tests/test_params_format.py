@@ -1,0 +1,53 @@
+"""params.yaml in DVC's form: a `dvc exp run -S` edit (DVC's own writer, in process) changes exactly one line."""
+
+import difflib
+from pathlib import Path
+
+import pytest
+import yaml
+from dvc.utils.hydra import apply_overrides
+
+from bench.params_format import dvc_form, main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def changed_lines(before: str, after: str) -> list[str]:
+    diff = difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0)
+    return [line for line in diff if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+
+
+@pytest.fixture
+def formatted(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text(dvc_form((ROOT / "params.yaml").read_text()))
+    return path
+
+
+def test_format_keeps_values_and_comments(formatted):
+    original = (ROOT / "params.yaml").read_text()
+    text = formatted.read_text()
+    assert yaml.safe_load(text) == yaml.safe_load(original)
+    comments = [line.split("#", 1)[1].strip() for line in original.splitlines() if "#" in line]
+    missing = [c for c in comments if c not in text]
+    assert not missing, f"comments lost by the rewrite: {missing}"
+    assert dvc_form(text) == text, "the DVC form is not a fixed point"
+
+
+@pytest.mark.parametrize("override", ["models.vit.depth=2", "train.recipe.lr=0.003", "seed=1"])
+def test_set_param_is_one_line_diff(formatted, override):
+    before = formatted.read_text()
+    apply_overrides(formatted, [override])  # what `dvc exp run -S` runs on params.yaml
+    lines = changed_lines(before, formatted.read_text())
+    assert len(lines) == 2, f"-S {override} changed more than one line:\n" + "\n".join(lines)
+    key, value = override.split("=")
+    assert lines[1][1:].split("#")[0].strip() == f"{key.rsplit('.', 1)[-1]}: {value}"
+
+
+def test_check_flag(tmp_path, formatted, capsys):
+    assert main([str(formatted), "--check"]) == 0
+    raw = tmp_path / "raw.yaml"
+    raw.write_text("a: [1, 2]   # a list\n")
+    assert main([str(raw), "--check"]) == 1
+    assert main([str(raw)]) == 0 and raw.read_text().split() == ["a:", "#", "a", "list", "-", "1", "-", "2"]
+    assert main([str(tmp_path / "missing.yaml")]) == 2
