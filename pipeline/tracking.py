@@ -19,6 +19,7 @@ prefix (``slice/``, ``budget/``, ``measured/``, ``train/``, ``val/``).
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import subprocess
@@ -36,6 +37,20 @@ from pipeline.errors import ConfigError, StageError
 STORE_NAME = "mlflow.db"
 # MLflow 3 opens an experiment of this kind on its runs table (classic training), not the GenAI overview.
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+# The runs table's saved view: a fresh browser opening #/experiments/<id>/runs?viewStateShareKey=headline sees
+# these metric columns (MLflow 3 keeps the column choice per browser otherwise; checked in headless Chromium).
+HEADLINE_COLUMNS = ["test_acc", "slice/id", "slice/ood", "val_acc", "params", "train_flops"]
+
+
+def _headline_view() -> dict[str, str]:
+    cols = [f"metrics.`{m}`" for m in HEADLINE_COLUMNS]
+    view = {"searchFilter": "", "orderByKey": cols[0], "orderByAsc": False, "startTime": "ALL",
+            "lifecycleFilter": "Active", "datasetsFilter": [], "modelVersionFilter": "All Runs",
+            "selectedColumns": cols, "runsExpanded": {}, "runsPinned": [], "runsHidden": [],
+            "runsHiddenMode": "FIRST_10_RUNS", "viewMaximized": False, "runListHidden": False,
+            "isAccordionReordered": False, "useGroupedValuesInCharts": True, "hideEmptyCharts": True,
+            "groupBy": None, "groupsExpanded": {}, "autoRefreshEnabled": True}
+    return {"mlflow.sharedViewState.headline": json.dumps(view)}
 SQLITE_MAGIC = b"SQLite format 3\x00"
 HTTP_TIMEOUT_S = 5
 
@@ -124,9 +139,10 @@ def ensure_experiment(name: str, uri: str) -> str:
     with _store_lock(uri):
         client = _client(uri)
         exp = client.get_experiment_by_name(name)
+        tags = {**EXPERIMENT_KIND, **_headline_view()}
         if exp is None:
-            return client.create_experiment(name, tags=EXPERIMENT_KIND)
-        for k, v in EXPERIMENT_KIND.items():
+            return client.create_experiment(name, tags=tags)
+        for k, v in tags.items():
             if exp.tags.get(k) != v:
                 client.set_experiment_tag(exp.experiment_id, k, v)
         return exp.experiment_id
