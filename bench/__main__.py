@@ -32,12 +32,13 @@ import torch.nn.functional as F
 import yaml
 from torch.utils.data import DataLoader, TensorDataset
 
-from bench import data_speed, tiny_repo
+from bench import data_speed
 from pipeline import budget
 from pipeline.config import Params
 from pipeline.models import build_model
 from pipeline.stages.common import quiet_lightning
 from pipeline.train import Classifier
+from tests import tiny_repo
 
 LIGHTNING_GOAL, NOOP_GOAL_S = 1.10, 3.0
 

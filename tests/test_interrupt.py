@@ -1,7 +1,8 @@
 """SIGKILL in the middle of training, then ``dvc repro`` again: exact resume, no orphaned MLflow run.
 
-On a tiny repository (tests/conftest.py) with one task and one architecture, long enough (300 steps,
-a checkpoint every 20) to be killed between checkpoints.
+Both tests share one tiny repository (one task, one architecture, data and slices reproduced once), long
+enough (300 steps, a checkpoint every 20) to be killed between checkpoints. They write to disjoint output
+folders and look only at their own MLflow runs, so their order does not matter.
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
-
-from bench import tiny_repo
+import tiny_repo
 
 pytestmark = pytest.mark.slow
 
@@ -67,9 +66,14 @@ def train_cmd(params: str, out: str, ckpt: str) -> list[str]:
             "--data", "data/tasks", "--slices", "data/slices", "--out", out, "--ckpt", ckpt]
 
 
-def test_sigkill_then_repro_resumes_exactly(make_tiny_repo):
-    repo = make_tiny_repo("repo", OVERRIDES)
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    repo = tiny_repo.make_repo(tmp_path_factory.mktemp("interrupt") / "repo", OVERRIDES)
     tiny_repo.dvc(repo, "repro", "slice@alignment")
+    return repo
+
+
+def test_sigkill_then_repro_resumes_exactly(repo):
     ckpt = repo / "data/ckpt/train/vit" / RUN
     out = repo / "data/runs/vit" / RUN
 
@@ -96,13 +100,11 @@ def test_sigkill_then_repro_resumes_exactly(make_tiny_repo):
     assert "train@vit" not in tiny_repo.dvc(repo, "status", "train@vit").stdout  # up to date
 
 
-def test_kill_before_first_checkpoint_marks_run_killed(make_tiny_repo):
+def test_kill_before_first_checkpoint_marks_run_killed(repo):
     """No checkpoint to resume from: the rerun starts over and ends the dead MLflow run as KILLED."""
-    repo = make_tiny_repo("repo", tiny_repo.merge(OVERRIDES, {"train": {"recipe": {"steps": 60, "warmup_steps": 5}}}))
-    tiny_repo.dvc(repo, "repro", "slice@alignment")
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    params["train"]["runtime"]["checkpoint_every_steps"] = 100_000  # never reached: killed without a checkpoint
-    tiny_repo.write_params(repo / "never.yaml", params)
+    never = {"train": {"recipe": {"steps": 60, "warmup_steps": 5},
+                       "runtime": {"checkpoint_every_steps": 100_000}}}  # never reached: killed without a checkpoint
+    tiny_repo.write_params(repo / "never.yaml", tiny_repo.params_with(tiny_repo.merge(OVERRIDES, never)))
     cmd = train_cmd("never.yaml", "data/k", "data/k_ckpt")
 
     proc = start(repo, cmd)

@@ -1,6 +1,8 @@
-"""A throwaway copy of this repository with a tiny ``params.yaml``: the whole pipeline in about a minute.
+"""Tiny params and a throwaway copy of this repository: the whole pipeline in about a minute.
 
-Used by the tests (``tests/conftest.py``) and by ``python -m bench`` for everything that needs a real
+:func:`params_with` is the one place a test gets a params mapping from: the repository's ``params.yaml``
+with :data:`TINY` and the test's own overrides deep-merged in. :func:`make_repo` is used by the tests
+(``tests/conftest.py``) and by ``python -m bench`` for everything that needs a real
 ``dvc repro`` without touching the main repository's outputs or MLflow store. The copy holds the working
 tree's tracked files plus untracked files git does not ignore (so uncommitted stages are exercised too),
 minus generated outputs (``data/``, ``dvc.lock``, the MLflow store); it gets its own git history (DVC's
@@ -59,8 +61,10 @@ def merge(base: dict, over: dict) -> dict:
 REPLACE = {("train", "archs"), ("train", "curve", "archs"), ("distill", "teachers"), ("distill", "students")}
 
 
-def tiny_params(overrides: dict | None = None, source: Path = ROOT / "params.yaml") -> dict:
-    """The repository's params with :data:`TINY` (then ``overrides``) merged in."""
+def params_with(overrides: dict | None = None, source: Path = ROOT / "params.yaml") -> dict:
+    """The repository's params with :data:`TINY` (then ``overrides``) deep-merged in: every test's params.
+
+    Validate with ``pipeline.config.Params.model_validate`` or write with :func:`write_params`."""
     params = merge(merge(yaml.safe_load(source.read_text()), TINY), overrides or {})
     for path in REPLACE:
         for layer in (TINY, overrides or {}):
@@ -108,7 +112,7 @@ def make_repo(dest: Path, overrides: dict | None = None) -> Path:
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / rel, target)
-    write_params(dest / "params.yaml", tiny_params(overrides))
+    write_params(dest / "params.yaml", params_with(overrides))
     git(dest, "init", "-q", "-b", "main")
     git(dest, "add", "-A")
     git(dest, "commit", "-q", "-m", "tiny repo")
