@@ -335,7 +335,7 @@ def run_pool(specs: list[RunSpec], params: Params, workers: int, save_weights: b
     """Run several seeds side by side, one single-threaded process per core.
 
     On this 2-core machine two 1-thread processes train 11-77% faster than one 2-thread process
-    (DESIGN.md s4), and ``dvc repro`` runs stages one at a time, so the parallelism lives here. ``fork``
+    (docs/design.md §8), and ``dvc repro`` runs stages one at a time, so the parallelism lives here. ``fork``
     pays the torch/Lightning import once per stage instead of once per run.
     """
     import multiprocessing

@@ -217,7 +217,7 @@ def agreement_rate(ledger: pd.DataFrame) -> dict[str, int | float]:
     return {**counts, "held_of_decided": counts["held"] / decided if decided else math.nan}
 
 
-# --------------------------------------------------------------------------- literature anchors (DESIGN.md s5)
+# --------------------------------------------------------------------------- literature anchors (docs/design.md §9)
 # (anchor, what the paper reports, task our comparison uses ("distill" = mean over distill.tasks), archs)
 ANCHORS = (
     ("ViT paper, position ablation (ViT-B/16, ImageNet 5-shot linear)", "none 0.614, 1D 0.642, 2D 0.640",

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
                                           LEDGER_NOTE.format(width=rp.decisive_width), ledger_tab,
                                           markdown.ledger_view(ledger_tab)),
         "literature anchors": _write_table(out, "anchors", "Literature anchors vs our runs",
-                                           "Paper numbers from DESIGN.md s5; ours are 16 px images, ~100k "
+                                           "Paper numbers from docs/design.md §9; ours are 16 px images, ~100k "
                                            "parameters, minutes of CPU: far smaller, compared in direction only.",
                                            anchors),
     }
