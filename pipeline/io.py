@@ -14,6 +14,23 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from pipeline.errors import StageError
+
+
+@contextmanager
+def _naming(path: Path) -> Iterator[None]:
+    """A write error without a file name (``write()`` hitting a full disk) names the output being written.
+
+    numpy reports a short write (full disk, file size limit) as an ``OSError`` with no errno at all."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename is not None:
+            raise
+        if err.errno is None:
+            raise StageError(f"cannot write {path}: {err} (disk full or file size limit?)") from None
+        raise OSError(err.errno, err.strerror, str(path)) from err
+
 
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
@@ -24,7 +41,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     os.close(fd)
     tmp = Path(tmp)
     try:
-        yield tmp
+        with _naming(path):
+            yield tmp
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -38,7 +56,8 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     os.chmod(tmp, 0o755)  # noqa: S103  mkdtemp makes it private; the final folder should read like any other
     try:
-        yield tmp
+        with _naming(path):
+            yield tmp
         if path.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", dir=path.parent))
             os.replace(path, old / path.name)

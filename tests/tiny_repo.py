@@ -126,3 +126,17 @@ def dvc(repo: Path, *args: str, timeout: float = 600, check: bool = True) -> sub
     if check and proc.returncode:
         raise RuntimeError(f"dvc {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def stage_running(session: int, module: str) -> bool:
+    """Is a process of ``session`` running ``python -m pipeline.stages.<module>``?"""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.getsid(int(pid)) != session:
+                continue
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except (OSError, ProcessLookupError):
+            continue
+        if f"pipeline.stages.{module}".encode() in cmd:
+            return True
+    return False

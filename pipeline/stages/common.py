@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import errno
 import functools
+import os
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -15,6 +16,10 @@ if TYPE_CHECKING:
     from pipeline.config import Params
 
 
+# An output that cannot be written is a user's problem (read-only folder, full disk, size limit), not a bug.
+UNWRITABLE = {errno.EROFS, errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
+
+
 def stage_main(fn: Callable[[list[str] | None], None]) -> Callable[[list[str] | None], int]:
     """Wrap a stage ``main``: known input problems print one line on stderr and exit 2, no traceback."""
 
@@ -23,19 +28,24 @@ def stage_main(fn: Callable[[list[str] | None], None]) -> Callable[[list[str] | 
         try:
             fn(argv)
         except (ConfigError, StageError) as err:
-            print(f"error: {err}", file=sys.stderr)
+            print(f"error: {one_line(str(err))}", file=sys.stderr)
             return 2
         except PermissionError as err:
             print(f"error: cannot write {err.filename}: permission denied", file=sys.stderr)
             return 2
         except OSError as err:
-            if err.errno != errno.EROFS:  # a read-only output folder is the same user error as a denied one
+            if err.errno not in UNWRITABLE:  # anything else is a bug: keep its traceback
                 raise
-            print(f"error: cannot write {err.filename}: read-only file system", file=sys.stderr)
+            print(f"error: cannot write {err.filename}: {os.strerror(err.errno).lower()}", file=sys.stderr)
             return 2
         return 0
 
     return wrapper
+
+
+def one_line(message: str) -> str:
+    """A message that embeds a library's multi-line error (tarfile lists every method it tried) as one line."""
+    return "; ".join(part.strip() for part in message.splitlines() if part.strip())
 
 
 def quiet_lightning() -> None:
