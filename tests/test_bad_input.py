@@ -2,8 +2,8 @@
 
 Every case runs a real stage entry point (``main(argv)`` in-process; a few as a subprocess) on a private
 copy of the tiny workspace (tests/conftest.py), after planting a finished result in the stage's output
-folder. Afterwards every file in the workspace, the MLflow store included, is byte-identical and the store
-still lists the same runs. The table covers each class of input: params numbers (out of range, non-finite,
+folder. Afterwards every file in the workspace, the MLflow store included, is byte-identical (so the store
+lists the same runs). The table covers each class of input: params numbers (out of range, non-finite,
 wrong type), params structure, every file a stage reads (missing, truncated, wrong format, valid but from
 another run), the CIFAR archive, the teacher files, the MLflow store and the environment; unwritable
 destinations and two concurrent ``dvc repro`` are separate tests below. Cases marked ``xfail`` name whose
@@ -186,6 +186,7 @@ class Case:
     args: tuple[tuple[str, str], ...] = ()
     env: tuple[tuple[str, str], ...] = ()  # environment variables set for the stage ("{ws}" -> workspace)
     xfail: str = ""  # whose fix this case waits for
+    slow: bool = False  # trains before failing (until its fix lands)
 
 
 TEACHER = "data/teachers/resnet/alignment"
@@ -235,7 +236,8 @@ CASES = [
     Case("teacher-provenance-corrupt", "distill", write(f"{TEACHER}/provenance.json", b"{"),
          ("provenance.json",)),
     # numbers: out of range, non-finite, wrong type
-    Case("lr-inf", "train", edit("train.recipe.lr", float("inf")), ("train.recipe.lr",), xfail="runcore fix"),
+    Case("lr-inf", "train", edit("train.recipe.lr", float("inf")), ("train.recipe.lr",), slow=True,
+         xfail="runcore fix"),
     Case("lr-nan", "train", edit("train.recipe.lr", float("nan")), ("train.recipe.lr",)),
     Case("lr-zero", "train", edit("train.recipe.lr", 0.0), ("train.recipe.lr",)),
     Case("weight-decay-negative", "train", edit("train.recipe.weight_decay", -0.1), ("train.recipe.weight_decay",)),
@@ -254,7 +256,8 @@ CASES = [
     Case("train-sizes-float", "slice", edit("slice.train_sizes", [64.5, 128]), ("slice.train_sizes",)),
     # structure: a missing section or key is an error, never a hidden default
     Case("section-missing", "generate", drop("slice"), ("slice",)),
-    Case("key-missing", "train", drop("train.recipe.lr"), ("train.recipe.lr",), xfail="lead: schema without defaults"),
+    Case("key-missing", "train", drop("train.recipe.lr"), ("train.recipe.lr",), slow=True,
+         xfail="lead: schema without defaults"),
     Case("params-empty", "generate", write("params.yaml", b"{}\n"), ("params.yaml",),
          xfail="lead: schema without defaults"),
     # files: missing, truncated, wrong format
@@ -268,8 +271,8 @@ CASES = [
     Case("labels-missing", "slice", remove("data/tasks/alignment/labels.npy"), ("labels.npy",)),
     Case("meta-not-json", "slice", write("data/tasks/alignment/meta.json", b"\x00\x01"), ("alignment",)),
     # files: valid, but from another run
-    Case("slices-stale", "train", regenerate_data, ("indices.npz",), xfail="runcore fix"),
-    Case("teacher-stale", "distill", regenerate_data, ("provenance.json",), xfail="runcore fix"),
+    Case("slices-stale", "train", regenerate_data, ("indices.npz",), slow=True, xfail="runcore fix"),
+    Case("teacher-stale", "distill", regenerate_data, ("provenance.json",), slow=True, xfail="runcore fix"),
     # teacher files
     Case("teacher-truncated", "distill", truncate(f"{TEACHER}/model.pt"), ("model.pt", "sha256")),
     Case("teacher-wrong-format", "distill", teacher_wrong_format, ("model.pt",), xfail="runcore fix"),
@@ -283,7 +286,7 @@ CASES = [
          (("task", "natural"), ("out", "data/tasks/natural"))),
     # tracking: a corrupt store, a store that cannot be created, environment variables
     Case("mlflow-db-garbage", "train", write("mlflow.db", b"this is not a database\n" * 50), ("mlflow.db",),
-         xfail="runcore fix"),
+         slow=True, xfail="runcore fix"),
     Case("env-tracking-uri-scheme", "train", lambda ws: None, ("MLFLOW_TRACKING_URI",),
          env=(("MLFLOW_TRACKING_URI", "bogus://nowhere"),), xfail="runcore fix"),
     Case("env-tracking-uri-under-a-file", "teacher", lambda ws: None, ("params.yaml",),
@@ -296,21 +299,9 @@ def snapshot(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file() and not p.name.endswith(".lock")}
 
 
-def mlflow_runs(folder: Path) -> set[tuple[str, str]] | str:
-    """The store's (run id, status) pairs; a store MLflow cannot read is compared by its bytes (snapshot)."""
-    from mlflow.tracking import MlflowClient
-
-    try:
-        client = MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
-        exps = [e.experiment_id for e in client.search_experiments()]
-        return {(r.info.run_id, r.info.status) for r in client.search_runs(exps)}
-    except Exception as err:  # noqa: BLE001  (the garbage-store case)
-        return f"unreadable: {type(err).__name__}"
-
-
 def marked(cases: list[Case]) -> list:
-    return [pytest.param(c, id=c.id, marks=[pytest.mark.xfail(strict=True, reason=c.xfail)] if c.xfail else [])
-            for c in cases]
+    return [pytest.param(c, id=c.id, marks=([pytest.mark.xfail(strict=True, reason=c.xfail)] if c.xfail else [])
+                         + ([pytest.mark.slow] if c.slow else [])) for c in cases]
 
 
 def plant_results(ws: Path) -> None:
@@ -326,7 +317,7 @@ def test_bad_input(case, copy_workspace, capsys, monkeypatch):
     ws = copy_workspace
     plant_results(ws)
     case.setup(ws)
-    files, runs = snapshot(ws), mlflow_runs(ws)
+    files = snapshot(ws)  # mlflow.db included: the same bytes, the same runs
     args = {k: (str(ws / v) if "/" in v else v) for k, v in case.args}
     capsys.readouterr()
     with mlflow_store(ws):
@@ -340,7 +331,6 @@ def test_bad_input(case, copy_workspace, capsys, monkeypatch):
     for needle in case.expect:
         assert needle in lines[0], f"{needle!r} not named in {lines[0]!r}"
     assert snapshot(ws) == files
-    assert mlflow_runs(ws) == runs
 
 
 def run_stage(stage: str, args: list[str], ws: Path, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
@@ -349,10 +339,12 @@ def run_stage(stage: str, args: list[str], ws: Path, prefix: tuple[str, ...] = (
                           capture_output=True, text=True, timeout=120)
 
 
-SUBPROCESS = ["yaml-malformed", "images-corrupt", "teacher-tampered"]
+# The stages that import torch take ~10 s to start on 2 cores: those run with the slow tests.
+SUBPROCESS = {"yaml-malformed": [], "images-corrupt": [pytest.mark.slow], "teacher-tampered": [pytest.mark.slow]}
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.id in SUBPROCESS], ids=SUBPROCESS)
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=SUBPROCESS[c.id])
+                                  for c in CASES if c.id in SUBPROCESS])
 def test_bad_input_as_process(case, copy_workspace):
     """The same through ``python -m``: nothing else (no warning, no traceback) reaches stderr."""
     ws = copy_workspace
