@@ -10,7 +10,6 @@ report by its accuracy tables.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import resource
@@ -20,7 +19,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import tiny_repo
 import yaml
@@ -63,28 +61,6 @@ def lock_outs(repo: Path, target: str) -> dict[str, str]:
     return {o["path"]: o.get("md5") for o in entry.get("outs", [])}
 
 
-def runs(folder: Path) -> dict[str, dict]:
-    """Per run: what a result is (accuracies, slices) and its predictions."""
-    out = {}
-    for metrics in sorted(folder.rglob("metrics.json")):
-        m = json.loads(metrics.read_text())
-        with np.load(metrics.parent / "predictions.npz") as z:
-            preds = {k: z[k] for k in z.files}
-        out[str(metrics.parent.relative_to(folder))] = {
-            "acc": {k: m.get(k) for k in ("test_acc", "val_acc", "slices")}, "preds": preds}
-    return out
-
-
-def assert_same_runs(got: Path, want: Path) -> None:
-    a, b = runs(got), runs(want)
-    assert a and sorted(a) == sorted(b)
-    for name in a:
-        assert a[name]["acc"] == b[name]["acc"], name
-        assert sorted(a[name]["preds"]) == sorted(b[name]["preds"]), name
-        for key, array in a[name]["preds"].items():
-            assert np.array_equal(array, b[name]["preds"][key]), (name, key)
-
-
 @pytest.mark.parametrize(("kind", "target", "module", "outs"), KINDS, ids=[k[0] for k in KINDS])
 def test_sigkill_then_repro_equals_uninterrupted(kind, target, module, outs, repo, reproduced_repo):
     delay = random.uniform(0, MAX_DELAY_S)
@@ -101,7 +77,7 @@ def test_sigkill_then_repro_equals_uninterrupted(kind, target, module, outs, rep
             assert got.read_bytes() == want.read_bytes(), f"{context}: {name}"
     else:
         for out in outs:
-            assert_same_runs(repo / out, reproduced_repo / out)
+            tiny_repo.assert_same_runs(repo / out, reproduced_repo / out)
 
 
 def _limit_file_size(limit: int):

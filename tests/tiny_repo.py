@@ -12,6 +12,7 @@ experiment queue needs a commit and an identity) and its own ``mlflow.db``.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import shutil
 import subprocess
@@ -19,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,3 +142,25 @@ def stage_running(session: int, module: str) -> bool:
         if f"pipeline.stages.{module}".encode() in cmd:
             return True
     return False
+
+
+def runs(folder: Path) -> dict[str, dict]:
+    """Per run: what a result is (accuracies, slices) and its predictions."""
+    out = {}
+    for metrics in sorted(folder.rglob("metrics.json")):
+        m = json.loads(metrics.read_text())
+        with np.load(metrics.parent / "predictions.npz") as z:
+            preds = {k: z[k] for k in z.files}
+        out[str(metrics.parent.relative_to(folder))] = {
+            "acc": {k: m.get(k) for k in ("test_acc", "val_acc", "slices")}, "preds": preds}
+    return out
+
+
+def assert_same_runs(got: Path, want: Path) -> None:
+    a, b = runs(got), runs(want)
+    assert a and sorted(a) == sorted(b)
+    for name in a:
+        assert a[name]["acc"] == b[name]["acc"], name
+        assert sorted(a[name]["preds"]) == sorted(b[name]["preds"]), name
+        for key, array in a[name]["preds"].items():
+            assert np.array_equal(array, b[name]["preds"][key]), (name, key)
