@@ -6,7 +6,8 @@ with :data:`TINY` and the test's own overrides deep-merged in. :func:`make_repo`
 ``dvc repro`` without touching the main repository's outputs or MLflow store. The copy holds the working
 tree's tracked files plus untracked files git does not ignore (so uncommitted stages are exercised too),
 minus generated outputs (``data/``, ``dvc.lock``, the MLflow store); it gets its own git history (DVC's
-experiment queue needs a commit and an identity) and its own ``mlflow.db``.
+experiment queue needs a commit and an identity) and its own ``mlflow.db``. :func:`stage_running` and
+:func:`assert_same_runs` serve the fault and determinism tests.
 """
 
 from __future__ import annotations
