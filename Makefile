@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: repro test lint bench mlflow-ui
+.PHONY: repro test test-fast lint bench mlflow-ui
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -18,6 +18,10 @@ repro: $(STAMP)
 
 test: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q
+
+# Between edits: everything except the tests that run dvc or train (marked `slow`).
+test-fast: $(STAMP)
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check pipeline tests bench

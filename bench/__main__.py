@@ -32,12 +32,13 @@ import torch.nn.functional as F
 import yaml
 from torch.utils.data import DataLoader, TensorDataset
 
-from bench import data_speed, tiny_repo
+from bench import data_speed
 from pipeline import budget
 from pipeline.config import Params
 from pipeline.models import build_model
 from pipeline.stages.common import quiet_lightning
 from pipeline.train import Classifier
+from tests import tiny_repo
 
 LIGHTNING_GOAL, NOOP_GOAL_S = 1.10, 3.0
 
@@ -231,7 +232,7 @@ def render(steps: list[StepResult], matmul: float, data: dict[str, float], data_
                      f"{achieved / matmul:.1%} |")
     if any(s.ratio > LIGHTNING_GOAL for s in steps):
         lines += ["", "Where the goal is missed the cause is not isolated here; the likeliest is the per-step "
-                  "`self.log_dict` (loss and accuracy) in `Classifier.training_step`, which DESIGN.md s4 measured "
+                  "`self.log_dict` (loss and accuracy) in `Classifier.training_step`, which docs/design.md §8 measured "
                   "at ~12% of a step; the plain loop computes the loss only."]
     lines += [
         "",

@@ -1,9 +1,12 @@
-"""Shared fixtures for the tests that run the real pipeline on tiny inputs (see bench/tiny_repo.py).
+"""Shared fixtures for the tests that run the real pipeline on tiny inputs (see tests/tiny_repo.py).
 
-- ``workspace`` (session): a folder with a tiny ``params.yaml``, the ``alignment`` task's data and slices and
-  a trained ``resnet`` teacher, made by calling the stage entry points in-process, with its own MLflow
-  store. Read-only for tests: copy what you change (``copy_workspace``).
-- ``reproduced_repo`` (session): a tiny copy of the repository after one full ``dvc repro``.
+Fixtures that build whole pipelines are session-scoped and READ-ONLY; a test that changes one works on its
+own copy:
+- ``workspace`` (session, read-only): a folder with a tiny ``params.yaml``, the ``alignment`` task's data and
+  slices and a trained ``resnet`` teacher, made by calling the stage entry points in-process, with its own
+  MLflow store. ``copy_workspace`` is a private writable copy.
+- ``reproduced_repo`` (session, read-only): a tiny copy of the repository after one full ``dvc repro``.
+  ``copy_reproduced_repo`` is a private writable copy (git history, DVC cache and MLflow store included).
 - ``make_tiny_repo``: a fresh tiny copy of the repository (committed, nothing reproduced).
 """
 
@@ -11,16 +14,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # `bench` is a top-level folder, not part of the installed package
-
-from bench import tiny_repo  # noqa: E402
+import tiny_repo  # tests/ is on sys.path (pytest's rootdir-less test folder), like this conftest
 
 
 @contextmanager
@@ -44,8 +42,8 @@ def workspace(tmp_path_factory) -> Path:
     from pipeline.stages import generate, slice, teacher
 
     ws = tmp_path_factory.mktemp("workspace")
-    one_task = {"archs": {a: {"models": a, "tasks": ["alignment"]} for a in ("vit", "resnet")}, "grids": {}}
-    params = tiny_repo.tiny_params({"tasks": {"names": ["alignment"]}, "train": one_task})
+    params = tiny_repo.params_with({"tasks": {"names": ["alignment"]}, "train": {
+        "archs": {a: {"models": a, "tasks": ["alignment"]} for a in ("vit", "resnet")}, "grids": {}}})
     tiny_repo.write_params(ws / "params.yaml", params)
     p = str(ws / "params.yaml")
     assert generate.main(["--params", p, "--task", "alignment", "--out", str(ws / "data/tasks/alignment")]) == 0
@@ -71,6 +69,14 @@ def reproduced_repo(tmp_path_factory) -> Path:
     repo = tiny_repo.make_repo(tmp_path_factory.mktemp("repro") / "repo")
     tiny_repo.dvc(repo, "repro", timeout=900)
     return repo
+
+
+@pytest.fixture
+def copy_reproduced_repo(reproduced_repo, tmp_path) -> Path:
+    """A private, writable copy of ``reproduced_repo`` (commit into it, queue experiments, edit params)."""
+    dest = tmp_path / "repo"
+    shutil.copytree(reproduced_repo, dest, symlinks=True)
+    return dest
 
 
 @pytest.fixture

@@ -1,25 +1,34 @@
 """Bad configurations and inputs: one ``error:`` line naming the key or file, exit 2, nothing touched.
 
-Every case runs a real stage entry point (``main(argv)`` in-process; a few also as a subprocess) on a
-private copy of the tiny workspace (tests/conftest.py), after planting a finished result in the stage's
-output folder. Afterwards every file in the workspace, the MLflow store included, is byte-identical and
-the store still lists the same runs.
+Every case runs a real stage entry point (``main(argv)`` in-process; a few as a subprocess) on a private
+copy of the tiny workspace (tests/conftest.py), after planting a finished result in the stage's output
+folder. Afterwards every file in the workspace, the MLflow store included, is byte-identical (so the store
+lists the same runs). The table covers each class of input: params numbers (out of range, non-finite,
+wrong type), params structure, every file a stage reads (missing, truncated, wrong format, valid but from
+another run), the CIFAR archive, the teacher files, the MLflow store and the environment; unwritable
+destinations and two concurrent ``dvc repro`` are separate tests below. Cases marked ``xfail`` name whose
+fix they wait for: the lead flips them once that fix is merged (``strict``: an unexpected pass fails).
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tarfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tiny_repo
 import yaml
 from conftest import mlflow_store
 
@@ -78,6 +87,89 @@ def append(rel: str, content: bytes) -> Callable[[Path], None]:
     return apply
 
 
+def truncate(rel: str) -> Callable[[Path], None]:
+    def apply(ws: Path) -> None:
+        data = (ws / rel).read_bytes()
+        (ws / rel).write_bytes(data[: len(data) // 2])
+    return apply
+
+
+def drop(key: str) -> Callable[[Path], None]:
+    """Remove dotted ``key`` from the workspace's params.yaml."""
+    def apply(ws: Path) -> None:
+        path = ws / "params.yaml"
+        params = yaml.safe_load(path.read_text())
+        *parents, last = key.split(".")
+        node = params
+        for k in parents:
+            node = node[k]
+        del node[last]
+        path.write_text(yaml.safe_dump(params, sort_keys=False))
+    return apply
+
+
+def both(*steps: Callable[[Path], None]) -> Callable[[Path], None]:
+    def apply(ws: Path) -> None:
+        for step in steps:
+            step(ws)
+    return apply
+
+
+def regenerate_data(ws: Path) -> None:
+    """Valid task data from another run (another seed): the slices and the teacher now describe other images."""
+    other = ws / "other.yaml"
+    params = yaml.safe_load((ws / "params.yaml").read_text())
+    params["seed"] += 1
+    other.write_text(yaml.safe_dump(params, sort_keys=False))
+    out = ws / "data/tasks/alignment"
+    assert generate.main(["--params", str(other), "--task", "alignment", "--out", str(out)]) == 0
+    other.unlink()
+
+
+def images_as_float(ws: Path) -> None:
+    path = ws / "data/tasks/alignment/images.npy"
+    np.save(path, np.load(path).astype(np.float32))  # a readable array of the wrong type
+
+
+def teacher_wrong_format(ws: Path) -> None:
+    """A weights file that is not a checkpoint, with a provenance record that matches it (so sha256 passes)."""
+    weights, record = ws / TEACHER / "model.pt", ws / TEACHER / "provenance.json"
+    weights.write_bytes(b"not a torch checkpoint\n")
+    prov = json.loads(record.read_text())
+    prov["checkpoint_sha256"] = hashlib.sha256(weights.read_bytes()).hexdigest()
+    record.write_text(json.dumps(prov))
+
+
+def natural(path: str | Callable[[Path], str]) -> Callable[[Path], None]:
+    """Enable the CIFAR-10 task with ``tasks.natural.path`` (a path, or a function making the file)."""
+    def apply(ws: Path) -> None:
+        value = path(ws) if callable(path) else path
+        edit("tasks.names", ["alignment", "natural"])(ws)
+        edit("tasks.natural.path", value)(ws)
+        edit("tasks.natural.per_class_train", 2)(ws)
+        edit("tasks.natural.per_class_test", 1)(ws)
+    return apply
+
+
+def garbage_archive(ws: Path) -> str:
+    (ws / "cifar.tar.gz").write_bytes(b"this is not a tar archive\n" * 20)
+    return str(ws / "cifar.tar.gz")
+
+
+def truncated_archive(ws: Path) -> str:
+    """A real gzip'd tar cut in half (a download that stopped)."""
+    src = ws / "cifar_src"
+    (src / "train/cat").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for i in range(4):
+        (src / f"train/cat/{i:04d}.jpg").write_bytes(rng.integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    with tarfile.open(ws / "cifar.tar.gz", "w:gz") as tar:
+        tar.add(src, arcname=".")
+    shutil.rmtree(src)
+    truncate("cifar.tar.gz")(ws)
+    return str(ws / "cifar.tar.gz")
+
+
 def tamper_labels(ws: Path) -> None:
     path = ws / "data/tasks/alignment/labels.npy"
     labels = np.load(path)
@@ -92,6 +184,9 @@ class Case:
     setup: Callable[[Path], None]
     expect: tuple[str, ...]  # substrings of the error line (the key or file it names)
     args: tuple[tuple[str, str], ...] = ()
+    env: tuple[tuple[str, str], ...] = ()  # environment variables set for the stage ("{ws}" -> workspace)
+    xfail: str = ""  # whose fix this case waits for
+    slow: bool = False  # trains before failing (until its fix lands)
 
 
 TEACHER = "data/teachers/resnet/alignment"
@@ -140,6 +235,62 @@ CASES = [
     Case("teacher-tampered", "distill", append(f"{TEACHER}/model.pt", b"\0"), ("model.pt", "sha256")),
     Case("teacher-provenance-corrupt", "distill", write(f"{TEACHER}/provenance.json", b"{"),
          ("provenance.json",)),
+    # numbers: out of range, non-finite, wrong type
+    Case("lr-inf", "train", edit("train.recipe.lr", float("inf")), ("train.recipe.lr",), slow=True,
+         xfail="runcore fix"),
+    Case("lr-nan", "train", edit("train.recipe.lr", float("nan")), ("train.recipe.lr",)),
+    Case("lr-zero", "train", edit("train.recipe.lr", 0.0), ("train.recipe.lr",)),
+    Case("weight-decay-negative", "train", edit("train.recipe.weight_decay", -0.1), ("train.recipe.weight_decay",)),
+    Case("label-smoothing-one", "teacher", edit("train.recipe.label_smoothing", 1.0),
+         ("train.recipe.label_smoothing",)),
+    Case("min-lr-ratio-above-one", "train", edit("train.recipe.min_lr_ratio", 1.5), ("train.recipe.min_lr_ratio",)),
+    Case("grad-clip-nan", "train", edit("train.recipe.grad_clip", float("nan")), ("train.recipe.grad_clip",)),
+    Case("workers-zero", "train", edit("train.runtime.workers", 0), ("train.runtime.workers",)),
+    Case("image-size-string", "generate", edit("geometry.image_size", "16"), ("geometry.image_size",)),
+    Case("image-size-inf", "budget", edit("geometry.image_size", float("inf")), ("geometry.image_size",)),
+    Case("pool-size-zero", "generate", edit("tasks.alignment.n", 0), ("tasks.alignment.n",)),
+    Case("param-target-negative", "budget", edit("models.param_target", -1), ("models.param_target",)),
+    Case("param-tolerance-nan", "budget", edit("models.param_tolerance", float("nan")), ("models.param_tolerance",)),
+    Case("seeds-not-a-list", "train", edit("train.seeds", 0), ("train.seeds",)),
+    Case("task-names-string", "generate", edit("tasks.names", "alignment"), ("tasks.names",)),
+    Case("train-sizes-float", "slice", edit("slice.train_sizes", [64.5, 128]), ("slice.train_sizes",)),
+    # structure: a missing section or key is an error, never a hidden default
+    Case("section-missing", "generate", drop("slice"), ("slice",)),
+    Case("key-missing", "train", drop("train.recipe.lr"), ("train.recipe.lr",), slow=True,
+         xfail="lead: schema without defaults"),
+    Case("params-empty", "generate", write("params.yaml", b"{}\n"), ("params.yaml",),
+         xfail="lead: schema without defaults"),
+    # files: missing, truncated, wrong format
+    Case("meta-missing", "train", remove("data/tasks/alignment/meta.json"), ("meta.json", "missing")),
+    Case("meta-truncated", "train", truncate("data/tasks/alignment/meta.json"), ("meta.json", "unreadable")),
+    Case("images-truncated", "train", truncate("data/tasks/alignment/images.npy"), ("images.npy", "unreadable")),
+    Case("images-wrong-dtype", "train", images_as_float, ("images.npy", "uint8")),
+    Case("indices-truncated", "train", truncate("data/slices/alignment/indices.npz"), ("indices.npz", "unreadable")),
+    Case("manifest-missing", "train", remove("data/slices/alignment/manifest.json"), ("manifest.json", "missing")),
+    Case("factors-missing", "slice", remove("data/tasks/alignment/factors.csv"), ("factors.csv",)),
+    Case("labels-missing", "slice", remove("data/tasks/alignment/labels.npy"), ("labels.npy",)),
+    Case("meta-not-json", "slice", write("data/tasks/alignment/meta.json", b"\x00\x01"), ("alignment",)),
+    # files: valid, but from another run
+    Case("slices-stale", "train", regenerate_data, ("indices.npz",), slow=True, xfail="runcore fix"),
+    Case("teacher-stale", "distill", regenerate_data, ("provenance.json",), slow=True, xfail="runcore fix"),
+    # teacher files
+    Case("teacher-truncated", "distill", truncate(f"{TEACHER}/model.pt"), ("model.pt", "sha256")),
+    Case("teacher-wrong-format", "distill", teacher_wrong_format, ("model.pt",), xfail="runcore fix"),
+    Case("teacher-provenance-missing", "distill", remove(f"{TEACHER}/provenance.json"), ("provenance.json",)),
+    # the CIFAR-10 archive
+    Case("cifar-missing", "generate", natural("nowhere/cifar.tar.gz"), ("tasks.natural.path", "not found"),
+         (("task", "natural"), ("out", "data/tasks/natural"))),
+    Case("cifar-not-an-archive", "generate", natural(garbage_archive), ("tasks.natural.path", "cifar.tar.gz"),
+         (("task", "natural"), ("out", "data/tasks/natural"))),
+    Case("cifar-truncated", "generate", natural(truncated_archive), ("tasks.natural.path", "cifar.tar.gz"),
+         (("task", "natural"), ("out", "data/tasks/natural"))),
+    # tracking: a corrupt store, a store that cannot be created, environment variables
+    Case("mlflow-db-garbage", "train", write("mlflow.db", b"this is not a database\n" * 50), ("mlflow.db",),
+         slow=True, xfail="runcore fix"),
+    Case("env-tracking-uri-scheme", "train", lambda ws: None, ("MLFLOW_TRACKING_URI",),
+         env=(("MLFLOW_TRACKING_URI", "bogus://nowhere"),), xfail="runcore fix"),
+    Case("env-tracking-uri-under-a-file", "teacher", lambda ws: None, ("params.yaml",),
+         env=(("MLFLOW_TRACKING_URI", "sqlite:///{ws}/params.yaml/mlflow.db"),), xfail="runcore fix"),
 ]
 
 
@@ -148,12 +299,9 @@ def snapshot(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file() and not p.name.endswith(".lock")}
 
 
-def mlflow_runs(folder: Path) -> set[tuple[str, str]]:
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
-    exps = [e.experiment_id for e in client.search_experiments()]
-    return {(r.info.run_id, r.info.status) for r in client.search_runs(exps)}
+def marked(cases: list[Case]) -> list:
+    return [pytest.param(c, id=c.id, marks=([pytest.mark.xfail(strict=True, reason=c.xfail)] if c.xfail else [])
+                         + ([pytest.mark.slow] if c.slow else [])) for c in cases]
 
 
 def plant_results(ws: Path) -> None:
@@ -164,19 +312,18 @@ def plant_results(ws: Path) -> None:
         shutil.copytree(src, ws / dest, dirs_exist_ok=True)
 
 
-def test_table_is_large_enough():
-    assert len(CASES) >= 20 and len({c.id for c in CASES}) == len(CASES)
-
-
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input(case, copy_workspace, capsys):
+@pytest.mark.parametrize("case", marked(CASES))
+def test_bad_input(case, copy_workspace, capsys, monkeypatch):
     ws = copy_workspace
     plant_results(ws)
     case.setup(ws)
-    files, runs = snapshot(ws), mlflow_runs(ws)
+    files = snapshot(ws)  # mlflow.db included: the same bytes, the same runs
+    args = {k: (str(ws / v) if "/" in v else v) for k, v in case.args}
     capsys.readouterr()
     with mlflow_store(ws):
-        code = STAGES[case.stage].main(argv(case.stage, ws, **dict(case.args)))
+        for name, value in case.env:
+            monkeypatch.setenv(name, value.format(ws=ws))
+        code = STAGES[case.stage].main(argv(case.stage, ws, **args))
     err = capsys.readouterr().err
     assert code == 2
     lines = err.splitlines()
@@ -184,7 +331,6 @@ def test_bad_input(case, copy_workspace, capsys):
     for needle in case.expect:
         assert needle in lines[0], f"{needle!r} not named in {lines[0]!r}"
     assert snapshot(ws) == files
-    assert mlflow_runs(ws) == runs
 
 
 def run_stage(stage: str, args: list[str], ws: Path, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
@@ -193,10 +339,12 @@ def run_stage(stage: str, args: list[str], ws: Path, prefix: tuple[str, ...] = (
                           capture_output=True, text=True, timeout=120)
 
 
-SUBPROCESS = ["yaml-malformed", "images-corrupt", "teacher-tampered"]
+# The stages that import torch take ~10 s to start on 2 cores: those run with the slow tests.
+SUBPROCESS = {"yaml-malformed": [], "images-corrupt": [pytest.mark.slow], "teacher-tampered": [pytest.mark.slow]}
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.id in SUBPROCESS], ids=SUBPROCESS)
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=SUBPROCESS[c.id])
+                                  for c in CASES if c.id in SUBPROCESS])
 def test_bad_input_as_process(case, copy_workspace):
     """The same through ``python -m``: nothing else (no warning, no traceback) reaches stderr."""
     ws = copy_workspace
@@ -222,20 +370,73 @@ def _read_only(folder: Path) -> tuple[tuple[str, ...], str]:
     return ("unshare", "-rm", "sh", "-c", script), "read-only file system"
 
 
-def test_unwritable_output_folder(copy_workspace):
+# (stage, the option naming its output); the training stages fail only after training, so they leave a
+# checkpoint and a FAILED MLflow run (allowed: what matters is that no output is half-written).
+UNWRITABLE = [("generate", "out"), ("slice", "out"),
+              pytest.param("teacher", "out", marks=pytest.mark.slow, id="teacher-out"),
+              pytest.param("distill", "out", marks=pytest.mark.slow, id="distill-out")]
+
+
+@pytest.mark.parametrize(("stage", "option"), UNWRITABLE)
+def test_unwritable_output_folder(stage, option, copy_workspace):
     ws = copy_workspace
     out = ws / "readonly"
     out.mkdir()
     prefix, why = _read_only(out)
-    files = snapshot(ws)
+    skip = ("data/ckpt/", "mlflow.db")
+    files = {k: v for k, v in snapshot(ws).items() if not k.startswith(skip)}
     try:
-        proc = run_stage("generate", argv("generate", ws, out=str(out / "alignment")), ws, prefix)
+        proc = run_stage(stage, argv(stage, ws, **{option: str(out / "result")}), ws, prefix)
     finally:
         out.chmod(0o755)
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith("error: "), proc.stderr
     assert str(out) in proc.stderr and why in proc.stderr
-    assert snapshot(ws) == files
+    assert {k: v for k, v in snapshot(ws).items() if not k.startswith(skip)} == files
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="runcore fix")
+def test_prune_after_shrinking_tasks(copy_workspace, capsys):
+    """README's ablation path: a task dropped from ``train.tasks`` leaves finished runs (persisted outputs)
+    with nested folders; the train stage prunes them without crashing and trains the rest."""
+    ws = copy_workspace
+    stale = ws / "data/runs/resnet/relation/n128"
+    for seed in ("s0", "s1"):
+        shutil.copytree(ws / TEACHER, stale / seed)
+        (stale / seed / "plots/x").mkdir(parents=True)
+        (stale / seed / "plots/x/curve.csv").write_text("step,acc\n")
+    with mlflow_store(ws):
+        code = train.main(argv("train", ws))
+    assert code == 0, capsys.readouterr().err
+    assert not stale.exists() and (ws / "data/runs/resnet/alignment/n128/s0/metrics.json").exists()
+
+
+@pytest.mark.slow
+def test_two_repros_at_once_second_is_refused(make_tiny_repo):
+    """DVC's repository lock: a second ``dvc repro`` while one runs fails at once with a clear message, and the
+    first finishes with every output intact."""
+    repo = make_tiny_repo()
+    first = subprocess.Popen([str(tiny_repo.VENV_BIN / "dvc"), "repro", "slice@alignment"], cwd=repo,
+                             env=tiny_repo.env(repo), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not tiny_repo.stage_running(first.pid, "generate"):
+            assert first.poll() is None and time.monotonic() < deadline, "the first repro never ran its stage"
+            time.sleep(0.05)
+        second = tiny_repo.dvc(repo, "repro", "slice@alignment", check=False, timeout=120)
+        out, _ = first.communicate(timeout=300)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    assert second.returncode != 0
+    assert "lock" in (second.stdout + second.stderr).lower(), second.stdout + second.stderr
+    assert first.returncode == 0, out
+    status = tiny_repo.dvc(repo, "status", "slice@alignment").stdout
+    assert "changed" not in status and "modified" not in status, status
+    for path in ("data/tasks/alignment/images.npy", "data/slices/alignment/indices.npz"):
+        assert (repo / path).stat().st_size > 0
 
 
 def test_other_os_errors_are_not_hidden():

@@ -6,8 +6,7 @@ import subprocess
 import sys
 
 import pytest
-
-from bench import tiny_repo
+import tiny_repo
 
 pytestmark = pytest.mark.slow
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+import tiny_repo
 import yaml
-
-from bench import tiny_repo
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,5 @@
-"""Safety: weights-only checkpoint loading, safe YAML, no network at run time, a localhost-only MLflow UI."""
+"""Safety: weights-only checkpoint loading, no pickle-capable loaders (yaml.load is ruff S506),
+no network at run time, a localhost-only MLflow UI."""
 
 from __future__ import annotations
 
@@ -33,10 +34,8 @@ def test_torch_load_is_weights_only():
             f"{path.name}:{node.lineno}: torch.load without weights_only=True"
 
 
-def test_yaml_is_loaded_safely():
-    for path, node in calls("load"):
-        if isinstance(node.func.value, ast.Name) and node.func.value.id == "yaml":
-            pytest.fail(f"{path.name}:{node.lineno}: yaml.load (use yaml.safe_load)")
+def test_no_unsafe_loaders():
+    """``yaml.load`` is ruff's S506 (pyproject); these two spellings ruff does not see."""
     for path in SOURCES:
         assert "unsafe_load" not in path.read_text() and "allow_pickle=True" not in path.read_text(), path
 
@@ -71,6 +70,7 @@ def offline_prefix(tmp: Path) -> tuple[list[str], dict[str, str]]:
     return [], env
 
 
+@pytest.mark.slow  # trains a DeiT student in a subprocess
 def test_training_stage_runs_offline(copy_workspace, tmp_path):
     ws = copy_workspace
     prefix, env = offline_prefix(tmp_path)

@@ -11,18 +11,17 @@ import subprocess
 import time
 
 import pytest
-
-from bench import tiny_repo
+import tiny_repo
 
 pytestmark = pytest.mark.slow
 
 LRS = ["0.002", "0.0005"]
 
 
-def test_queued_sweep_logs_every_run_to_one_store(reproduced_repo):
+def test_queued_sweep_logs_every_run_to_one_store(copy_reproduced_repo):
     from mlflow.tracking import MlflowClient
 
-    repo = reproduced_repo
+    repo = copy_reproduced_repo
     tiny_repo.git(repo, "add", "-A")
     tiny_repo.git(repo, "commit", "-q", "-m", "baseline reproduced")  # queued runs start from this commit
     env = tiny_repo.env(repo)

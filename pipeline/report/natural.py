@@ -78,7 +78,7 @@ def position_contract() -> pd.DataFrame:
 
 
 # Literature anchors these results speak to. Every number cites its paper and table; an anchor whose number
-# could not be traced to a table was dropped (DESIGN.md's small-data CIFAR-10 ViT numbers, for one).
+# could not be traced to a table was dropped (the design notes' small-data CIFAR-10 ViT numbers, for one).
 ANCHORS = (
     {"anchor": "No position vs 1D position", "source": "Dosovitskiy et al. 2021 (ViT), Appendix D.4, Table 8",
      "paper": "ViT-B/16, ImageNet 5-shot linear: none 0.614, 1D 0.642, 2D 0.640", "a": "vit", "b": "vit_nopos"},

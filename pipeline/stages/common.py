@@ -1,13 +1,23 @@
-"""What every stage entry point shares: one-line errors, a clean exit code, and CPU threading."""
+"""What every stage entry point shares: ``--params`` and its loading, one-line errors, a clean exit code."""
 
 from __future__ import annotations
 
+import argparse
 import errno
 import functools
+import os
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from pipeline.errors import ConfigError, StageError
+
+if TYPE_CHECKING:
+    from pipeline.config import Params
+
+
+# An output that cannot be written is a user's problem (read-only folder, full disk, size limit), not a bug.
+UNWRITABLE = {errno.EROFS, errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 
 
 def stage_main(fn: Callable[[list[str] | None], None]) -> Callable[[list[str] | None], int]:
@@ -18,19 +28,24 @@ def stage_main(fn: Callable[[list[str] | None], None]) -> Callable[[list[str] | 
         try:
             fn(argv)
         except (ConfigError, StageError) as err:
-            print(f"error: {err}", file=sys.stderr)
+            print(f"error: {one_line(str(err))}", file=sys.stderr)
             return 2
         except PermissionError as err:
             print(f"error: cannot write {err.filename}: permission denied", file=sys.stderr)
             return 2
         except OSError as err:
-            if err.errno != errno.EROFS:  # a read-only output folder is the same user error as a denied one
+            if err.errno not in UNWRITABLE:  # anything else is a bug: keep its traceback
                 raise
-            print(f"error: cannot write {err.filename}: read-only file system", file=sys.stderr)
+            print(f"error: cannot write {err.filename}: {os.strerror(err.errno).lower()}", file=sys.stderr)
             return 2
         return 0
 
     return wrapper
+
+
+def one_line(message: str) -> str:
+    """A message that embeds a library's multi-line error (tarfile lists every method it tried) as one line."""
+    return "; ".join(part.strip() for part in message.splitlines() if part.strip())
 
 
 def quiet_lightning() -> None:
@@ -59,3 +74,28 @@ def add_run_paths(parser) -> None:
     parser.add_argument("--slices", type=Path, required=True, help="data/slices (one folder per task)")
     parser.add_argument("--out", type=Path, required=True, help="results: one folder per run")
     parser.add_argument("--ckpt", type=Path, required=True, help="checkpoints (persisted, for resume)")
+
+
+def parse_stage(parser: argparse.ArgumentParser, argv: list[str] | None,
+                names: dict[str, str] | None = None) -> tuple[argparse.Namespace, Params]:
+    """Add ``--params`` to ``parser``, parse ``argv``, load and validate the params, and check that each CLI
+    name the stage was called with exists in params.
+
+    ``names`` maps an option's dest to the dotted params key whose entries it must name, e.g.
+    ``{"task": "tasks.names"}`` or ``{"arch": "train.archs"}`` (a list or a mapping's keys). A name that is
+    not there is the same one-line :class:`ConfigError` as a bad value in ``params.yaml``.
+    """
+    from pipeline.config import load_params
+
+    parser.add_argument("--params", default="params.yaml", help="params file (validated before any work)")
+    args = parser.parse_args(argv)
+    params = load_params(args.params)
+    for dest, key in (names or {}).items():
+        allowed = functools.reduce(_child, key.split("."), params)
+        if getattr(args, dest) not in allowed:
+            raise ConfigError(f"{args.params}: {key}: {getattr(args, dest)!r} is not one of {sorted(allowed)}")
+    return args, params
+
+
+def _child(node, key: str):
+    return node[key] if isinstance(node, dict) else getattr(node, key)

@@ -10,26 +10,20 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeline.config import load_params
-from pipeline.errors import ConfigError
-from pipeline.stages.common import add_run_paths, quiet_lightning, stage_main
+from pipeline.stages.common import add_run_paths, parse_stage, quiet_lightning, stage_main
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--params", default="params.yaml")
     p.add_argument("--student", required=True, help="a key of distill.students")
     p.add_argument("--teachers", type=Path, required=True, help="the teacher stage output of this student's teacher")
     add_run_paths(p)
-    return p.parse_args(argv)
+    return p
 
 
 @stage_main
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    params = load_params(args.params)
-    if args.student not in params.distill.students:
-        raise ConfigError(f"{args.params}: distill.students: no student named {args.student!r}")
+    args, params = parse_stage(parser(), argv, {"student": "distill.students"})
     quiet_lightning()
     from pipeline.experiment import execute, prune
     from pipeline.grid import RunKey, specs_for

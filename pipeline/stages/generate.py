@@ -7,41 +7,17 @@ into a temporary folder that replaces ``<out>`` only when everything succeeded (
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 
 import numpy as np
 
 from pipeline.config import NaturalParams, load_params
 from pipeline.errors import ConfigError
-from pipeline.io import save_figure, sha256_bytes, sha256_file, write_json
+from pipeline.io import atomic_dir, save_figure, sha256_bytes, sha256_file, write_json
 from pipeline.stages.common import stage_main
 from pipeline.tasks import TASKS
 from pipeline.tasks.natural import candidate_paths, resolve_path
 from pipeline.tasks.preview import sample_grid
-
-
-@contextmanager
-def atomic_dir(path: str | Path) -> Iterator[Path]:
-    """Yield an empty temporary folder beside ``path``; it replaces ``path`` only if the block succeeds."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the final folder should read like any other
-    try:
-        yield tmp
-        if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", dir=path.parent))
-            os.replace(path, old / path.name)
-            shutil.rmtree(old)
-        os.replace(tmp, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

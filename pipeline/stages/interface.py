@@ -38,7 +38,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     params = load_params(args.params)
-    torch.set_num_threads(1)  # after imports (DESIGN s4); also keeps float sums bit-reproducible
+    torch.set_num_threads(1)  # after imports (docs/design.md §8); also keeps float sums bit-reproducible
     out, rep = Path(args.out), Path(args.report)
 
     models = {}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -17,21 +16,10 @@ import pandas as pd
 
 from pipeline.config import load_params
 from pipeline.errors import ConfigError, StageError
-from pipeline.io import sha256_bytes, sha256_file, write_json
+from pipeline.io import atomic_dir, save_npz, sha256_bytes, sha256_file, write_json
 from pipeline.slicing import make_splits, manifest
 from pipeline.stages.common import stage_main
-from pipeline.stages.generate import atomic_dir
 from pipeline.tasks import TASKS
-
-
-def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Like ``np.savez`` (``np.load`` reads it) but with fixed zip timestamps, so equal arrays give equal
-    bytes and DVC sees an unchanged output when nothing changed."""
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as zf:
-        for name in sorted(arrays):
-            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-            with zf.open(info, "w", force_zip64=True) as fh:
-                np.lib.format.write_array(fh, np.ascontiguousarray(arrays[name]), allow_pickle=False)
 
 
 def load_task(folder: Path) -> tuple[np.ndarray, pd.DataFrame, dict]:

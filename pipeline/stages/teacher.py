@@ -11,25 +11,19 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.config import load_params
-from pipeline.errors import ConfigError
-from pipeline.stages.common import add_run_paths, quiet_lightning, stage_main
+from pipeline.stages.common import add_run_paths, parse_stage, quiet_lightning, stage_main
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--params", default="params.yaml")
     p.add_argument("--arch", required=True, help="teacher architecture (one of distill.teachers)")
     add_run_paths(p)
-    return p.parse_args(argv)
+    return p
 
 
 @stage_main
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    params = load_params(args.params)
-    if args.arch not in params.distill.teachers:
-        raise ConfigError(f"{args.params}: distill.teachers: {args.arch!r} is not a configured teacher")
+    args, params = parse_stage(parser(), argv, {"arch": "distill.teachers"})
     quiet_lightning()
     from pipeline.experiment import execute, prune
     from pipeline.grid import RunKey, specs_for

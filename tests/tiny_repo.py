@@ -1,15 +1,19 @@
-"""A throwaway copy of this repository with a tiny ``params.yaml``: the whole pipeline in about a minute.
+"""Tiny params and a throwaway copy of this repository: the whole pipeline in about a minute.
 
-Used by the tests (``tests/conftest.py``) and by ``python -m bench`` for everything that needs a real
+:func:`params_with` is the one place a test gets a params mapping from: the repository's ``params.yaml``
+with :data:`TINY` and the test's own overrides deep-merged in. :func:`make_repo` is used by the tests
+(``tests/conftest.py``) and by ``python -m bench`` for everything that needs a real
 ``dvc repro`` without touching the main repository's outputs or MLflow store. The copy holds the working
 tree's tracked files plus untracked files git does not ignore (so uncommitted stages are exercised too),
 minus generated outputs (``data/``, ``dvc.lock``, the MLflow store); it gets its own git history (DVC's
-experiment queue needs a commit and an identity) and its own ``mlflow.db``.
+experiment queue needs a commit and an identity) and its own ``mlflow.db``. :func:`stage_running` and
+:func:`assert_same_runs` serve the fault and determinism tests.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import os
 import shutil
 import subprocess
@@ -17,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,8 +65,10 @@ def merge(base: dict, over: dict) -> dict:
 REPLACE = {("train", "archs"), ("train", "grids"), ("distill", "teachers"), ("distill", "students")}
 
 
-def tiny_params(overrides: dict | None = None, source: Path = ROOT / "params.yaml") -> dict:
-    """The repository's params with :data:`TINY` (then ``overrides``) merged in."""
+def params_with(overrides: dict | None = None, source: Path = ROOT / "params.yaml") -> dict:
+    """The repository's params with :data:`TINY` (then ``overrides``) deep-merged in: every test's params.
+
+    Validate with ``pipeline.config.Params.model_validate`` or write with :func:`write_params`."""
     params = merge(merge(yaml.safe_load(source.read_text()), TINY), overrides or {})
     for path in REPLACE:
         for layer in (TINY, overrides or {}):
@@ -109,7 +116,7 @@ def make_repo(dest: Path, overrides: dict | None = None) -> Path:
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / rel, target)
-    write_params(dest / "params.yaml", tiny_params(overrides))
+    write_params(dest / "params.yaml", params_with(overrides))
     git(dest, "init", "-q", "-b", "main")
     git(dest, "add", "-A")
     git(dest, "commit", "-q", "-m", "tiny repo")
@@ -123,3 +130,39 @@ def dvc(repo: Path, *args: str, timeout: float = 600, check: bool = True) -> sub
     if check and proc.returncode:
         raise RuntimeError(f"dvc {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def stage_running(session: int, module: str) -> bool:
+    """Is a process of ``session`` running ``python -m pipeline.stages.<module>``?"""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.getsid(int(pid)) != session:
+                continue
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except (OSError, ProcessLookupError):
+            continue
+        if f"pipeline.stages.{module}".encode() in cmd:
+            return True
+    return False
+
+
+def runs(folder: Path) -> dict[str, dict]:
+    """Per run: what a result is (accuracies, slices) and its predictions."""
+    out = {}
+    for metrics in sorted(folder.rglob("metrics.json")):
+        m = json.loads(metrics.read_text())
+        with np.load(metrics.parent / "predictions.npz") as z:
+            preds = {k: z[k] for k in z.files}
+        out[str(metrics.parent.relative_to(folder))] = {
+            "acc": {k: m.get(k) for k in ("test_acc", "val_acc", "slices")}, "preds": preds}
+    return out
+
+
+def assert_same_runs(got: Path, want: Path) -> None:
+    a, b = runs(got), runs(want)
+    assert a and sorted(a) == sorted(b)
+    for name in a:
+        assert a[name]["acc"] == b[name]["acc"], name
+        assert sorted(a[name]["preds"]) == sorted(b[name]["preds"]), name
+        for key, array in a[name]["preds"].items():
+            assert np.array_equal(array, b[name]["preds"][key]), (name, key)
