@@ -197,6 +197,7 @@ class Runtime(Section):
     """How runs execute. Lightning's own scaling knobs go straight to ``lightning.Trainer`` (README "Scaling")."""
 
     workers: PosInt = 2  # runs side by side, one process each (2 cores: two 1-thread processes)
+    scheduler: str | None = None  # a Dask scheduler address; None: a loopback LocalCluster of `workers`
     threads: PosInt = 1  # torch threads per process
     accelerator: str = "cpu"
     devices: int | str = 1
