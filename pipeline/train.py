@@ -146,9 +146,9 @@ class Classifier(L.LightningModule):
         self.teacher = teacher
         if teacher is not None:
             teacher.eval().requires_grad_(False)
-        self.hp = dict(lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps, total_steps=total_steps,
-                       min_lr_ratio=min_lr_ratio, label_smoothing=label_smoothing,
-                       soft_distillation=soft_distillation, distillation_tau=distillation_tau)
+        # Lightning's own record of the recipe: saved in every checkpoint (the modules are not hyperparameters;
+        # the stage process, not the Trainer's logger, writes MLflow params).
+        self.save_hyperparameters(ignore=["model", "teacher"], logger=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.model(x)
@@ -164,11 +164,11 @@ class Classifier(L.LightningModule):
             self.teacher.eval()  # Lightning puts every submodule in train mode; the teacher stays frozen
             with torch.no_grad():
                 t = self.teacher(x)
-            loss = distillation_loss(out[0], out[1], y, t, self.hp["soft_distillation"], self.hp["distillation_tau"],
-                                     self.hp["label_smoothing"])
+            loss = distillation_loss(out[0], out[1], y, t, self.hparams.soft_distillation,
+                                     self.hparams.distillation_tau, self.hparams.label_smoothing)
             logits = (out[0] + out[1]) / 2
         else:
-            loss = F.cross_entropy(out, y, label_smoothing=self.hp["label_smoothing"])
+            loss = F.cross_entropy(out, y, label_smoothing=self.hparams.label_smoothing)
             logits = out
         if not torch.isfinite(loss):
             raise FloatingPointError(f"non-finite training loss {loss.item()} at step {self.global_step}")
@@ -194,7 +194,7 @@ class Classifier(L.LightningModule):
         return self(batch[0])
 
     def configure_optimizers(self):
-        hp = self.hp
+        hp = self.hparams
         # Norms, biases and what the model lists in no_weight_decay() (position embeddings, class/distillation
         # tokens, Swin's relative-position tables) are not decayed: timm's own grouping, the ViT/DeiT recipe.
         skip = self.model.no_weight_decay() if hasattr(self.model, "no_weight_decay") else ()
