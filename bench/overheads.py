@@ -40,8 +40,9 @@ def fake_task(folder: Path, params, n_train: int, n_val: int, n_test: int, class
     np.save(folder / "labels.npy", rng.integers(0, classes, n).astype(np.int64))
 
 
-def one_run(params, arch: str, steps: int, folder: Path, n_train: int, n_val: int) -> dict:
-    """Phase seconds and final weights of one run (see the module docstring)."""
+def one_run(params, arch: str, steps: int, folder: Path, n_train: int, n_val: int, fit_logger: bool = True) -> dict:
+    """Phase seconds and final weights of one run (see the module docstring); ``fit_logger=False``: MLflow only
+    before and after the fit, as when workers return results and the stage process logs them."""
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import MLFlowLogger
@@ -76,7 +77,8 @@ def one_run(params, arch: str, steps: int, folder: Path, n_train: int, n_val: in
     ckpt = ModelCheckpoint(dirpath=folder / f"ckpt_{time.monotonic_ns()}", filename="last", save_top_k=1,
                            every_n_train_steps=rt.checkpoint_every_steps, enable_version_counter=False)
     trainer = L.Trainer(
-        max_steps=steps, accelerator="cpu", devices=1, precision=rt.precision, deterministic=True, logger=logger,
+        max_steps=steps, accelerator="cpu", devices=1, precision=rt.precision, deterministic=True,
+        logger=logger if fit_logger else False,
         callbacks=[timer, ckpt, History(arch, steps)], val_check_interval=min(rt.val_every_steps, steps),
         check_val_every_n_epoch=None, log_every_n_steps=rt.log_every_steps, gradient_clip_val=r.grad_clip or None,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
@@ -101,7 +103,7 @@ def one_run(params, arch: str, steps: int, folder: Path, n_train: int, n_val: in
 
 
 def breakdown(arch: str, steps: int, repeat: int, n_train: int = 4000, n_val: int = 1000,
-              n_test: int = 2000) -> dict:
+              n_test: int = 2000, fit_logger: bool = True) -> dict:
     """Per-phase seconds of the last of ``repeat`` runs, the step share, and bit-identity across the runs."""
     import torch
     import yaml
@@ -122,7 +124,7 @@ def breakdown(arch: str, steps: int, repeat: int, n_train: int = 4000, n_val: in
 
         mlflow.MlflowClient(f"sqlite:///{folder / 'mlflow.db'}").search_experiments()
         store_s = time.perf_counter() - t
-        runs = [one_run(params, arch, steps, folder, n_train, n_val) for _ in range(repeat)]
+        runs = [one_run(params, arch, steps, folder, n_train, n_val, fit_logger) for _ in range(repeat)]
     states = [r["state"] for r in runs]
     identical = all(torch.equal(states[0][k], s[k]) for s in states[1:] for k in states[0])
     phases = {"imports": import_seconds(), **runs[-1]["phases"]}
@@ -136,8 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arch", default="vit")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--no-fit-logger", action="store_true", help="no MLflow logger inside the fit")
     args = ap.parse_args(argv)
-    out = breakdown(args.arch, args.steps, args.repeat)
+    out = breakdown(args.arch, args.steps, args.repeat, fit_logger=not args.no_fit_logger)
     print(json.dumps(out, indent=1))
     return 0
 
