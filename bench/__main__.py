@@ -1,5 +1,8 @@
 """Benchmarks: ``python -m bench [--small] [--repo PATH] [--out reports/performance.md]``.
 
+``python -m bench phases [--arch vit] [--steps 200] [--repeat 2]``: where one run's wall time goes
+(bench/overheads.py), printed as JSON.
+
 Prints and writes (Markdown) what the pipeline costs on this machine, each figure beside its goal:
 
 1. training step time through Lightning (a Trainer configured like :func:`pipeline.experiment.run`) vs a
@@ -8,7 +11,9 @@ Prints and writes (Markdown) what the pipeline costs on this machine, each figur
 3. data generation images/s (bench/data_speed.py);
 4. a no-op ``dvc repro`` (goal <= 3 s) and whether a report-only param edit retrains nothing, in ``--repo``
    (a repository where ``dvc repro`` already ran) or, without it in full mode, a tiny copy reproduced first;
-5. wall time of the full default repro by stage, read from ``reports/repro_timing.json``
+5. where one run's wall time goes, by phase, per arch (bench/overheads.py: imports, data, model, training
+   steps, validation, checkpoints, loop, evaluation, MLflow) and the training steps' share;
+6. wall time of the full default repro by stage, read from ``reports/repro_timing.json``
    (expected format: ``{"<stage name as dvc prints it>": seconds, ...}``, written by whoever runs the repro).
 
 ``--small`` (CI): a few steps and images, seconds; without ``--repo`` it skips the DVC figures.
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import sys
 import tempfile
 import time
 import warnings
@@ -32,7 +38,7 @@ import torch.nn.functional as F
 import yaml
 from torch.utils.data import DataLoader, TensorDataset
 
-from bench import data_speed
+from bench import data_speed, overheads
 from pipeline import budget
 from pipeline.config import Params
 from pipeline.models import build_model
@@ -278,7 +284,34 @@ def render(steps: list[StepResult], matmul: float, data: dict[str, float], data_
     return "\n".join(lines) + "\n"
 
 
+PHASES = ("imports", "data", "model", "fit/steps", "fit/validation", "fit/checkpoint", "fit/loop", "fit/setup",
+          "evaluation", "mlflow")
+
+
+def render_phases(rows: list[dict]) -> list[str]:
+    """The per-run phase table (seconds) and each run's training-step share of its wall time."""
+    head = " | ".join(p.removeprefix("fit/") for p in PHASES)
+    lines = ["", "## Where one run's wall time goes", "",
+             "One run per arch at the params.yaml model and recipe, on random data of the task shape, through the "
+             "pipeline's own DataModule/Classifier/callbacks, the Trainer settings of `pipeline/experiment.py` and "
+             "an MLflow logger on a fresh sqlite store (`python -m bench phases`; `pipeline.train.PhaseTimer` splits "
+             "the fit). `imports` is a fresh interpreter's (paid once per worker process, not per run); "
+             "`mlflow store` (table creation) once per repository. Goal: steps >= 85% of a run's wall time.", "",
+             f"| arch | run steps | {head} | total | steps share | steps share without imports | "
+             "mlflow store |", "|" + "---|" * (len(PHASES) + 6)]
+    for r in rows:
+        ph = r["phases"]
+        no_imports = ph["fit/steps"] / (r["total_s"] - ph["imports"])
+        lines.append(f"| {r['arch']} | {r['steps']} | " + " | ".join(f"{ph[p]:.2f}" for p in PHASES)
+                     + f" | {r['total_s']:.1f} | {r['step_share']:.1%} | {no_imports:.1%} | "
+                     f"{r['mlflow_store_s']:.1f} |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(argv) if argv is not None else sys.argv[1:]
+    if argv[:1] == ["phases"]:
+        return overheads.main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", action="store_true", help="CI mode: seconds, not minutes")
     ap.add_argument("--repo", type=Path, help="an already reproduced repository for the DVC figures")
@@ -318,7 +351,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from pipeline.io import write_text
 
-    write_text(args.out, render(results, matmul, data, data_n, dvc, timing, "small" if small else "full", params))
+    phases = []
+    for arch in args.archs[:1] if small else args.archs:  # small (CI): one arch keeps the test short
+        phases.append(overheads.breakdown(arch, 20 if small else params.train.recipe.steps, repeat=1))
+        print(f"{arch}: steps {phases[-1]['step_share']:.1%} of a run's wall time", flush=True)
+    text = render(results, matmul, data, data_n, dvc, timing, "small" if small else "full", params)
+    write_text(args.out, text + "\n".join(render_phases(phases)) + "\n")
     print(f"-> {args.out}")
     return 0
 

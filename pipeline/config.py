@@ -199,6 +199,7 @@ class Runtime(Section):
     """How runs execute. Lightning's own scaling knobs go straight to ``lightning.Trainer`` (README "Scaling")."""
 
     workers: PosInt  # runs side by side, one process each (2 cores: two 1-thread processes)
+    scheduler: str | None  # a Dask scheduler address; null: a loopback LocalCluster of `workers`
     threads: PosInt  # torch threads per process
     accelerator: str
     devices: int | str

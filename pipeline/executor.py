@@ -6,21 +6,32 @@ they never write DVC outputs or talk to MLflow: the stage process alone does (so
 nothing on disks DVC cannot see). A worker exception reaches the caller as :class:`RunFailed`, which names the
 item and the log file holding the full traceback.
 
-This first version uses a local ``multiprocessing`` pool; the scale-out engine replaces the body, not the
-contract.
+The engine is Dask distributed. With no address it starts a ``LocalCluster`` of ``workers`` single-thread
+worker processes bound to 127.0.0.1 (no dashboard); given an address (``scheduler=`` or the engine's own
+``DASK_SCHEDULER_ADDRESS``) it submits to that cluster instead. ``workers <= 1`` without an address runs in
+this process (tests, debugging, a profiler). A worker process that dies (SIGKILL, OOM, ``os._exit``) is
+replaced by its nanny and its run is retried; a run that keeps killing workers is a :class:`RunFailed`.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import logging
+import os
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import StageError
+
+LOOPBACK = "127.0.0.1"
+ADDRESS_ENV = "DASK_SCHEDULER_ADDRESS"  # Dask's own variable (dask config `scheduler-address`)
+# A run whose worker dies is retried until it has seen this many deaths (runs queued on a dying worker count
+# too, so 1 would fail innocent bystanders).
+ALLOWED_WORKER_DEATHS = 2
 
 
 class RunFailed(StageError):
@@ -32,17 +43,57 @@ class RunFailed(StageError):
         super().__init__(f"run {name} failed: {summary}{where}")
 
 
-def _call(fn: Callable, item: Any) -> tuple[bool, Any]:
+def _call(fn: Callable, item: Any, threads: int) -> tuple[bool, Any]:
+    """Run ``fn(item)`` on ``threads`` torch threads; an exception comes back as data, not as a raise."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
     try:
         return True, fn(item)
     except BaseException as err:  # noqa: BLE001 - reported to the stage process, which decides
         return False, (f"{type(err).__name__}: {err}".splitlines()[0], traceback.format_exc())
+    finally:
+        torch.set_num_threads(before)
+
+
+def longest_first(items: list[Any], cost: Callable[[Any], float] | None) -> list[Any]:
+    """Items by decreasing ``cost`` (stable), so no worker idles at the end behind one long run."""
+    return items if cost is None else sorted(items, key=cost, reverse=True)
+
+
+def scheduler_address(scheduler: str | None = None) -> str | None:
+    """The cluster to use: the explicit address, else ``$DASK_SCHEDULER_ADDRESS``, else None (start one)."""
+    return scheduler or os.environ.get(ADDRESS_ENV) or None
+
+
+@contextmanager
+def dask_client(workers: int, scheduler: str | None = None):
+    """A Dask client: on an existing cluster at ``scheduler``, or on a loopback-only local cluster."""
+    import dask
+    from distributed import Client, LocalCluster
+
+    if scheduler is not None:
+        with Client(scheduler) as client:
+            yield client
+        return
+    with dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_WORKER_DEATHS}), \
+            LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host=LOOPBACK,
+                         dashboard_address=None, memory_limit=0, silence_logs=logging.ERROR) as cluster, \
+            Client(cluster) as client:
+        yield client
 
 
 def map_runs(fn: Callable[[Any], Any], items: Iterable[Any], *, workers: int = 1,
-             describe: Callable[[Any], str] = str, log_dir: Path | None = None) -> Iterator[tuple[Any, Any]]:
-    """Yield ``(item, fn(item))`` as runs finish, printing "run k of n" with an ETA; raise :class:`RunFailed`."""
-    items = list(items)
+             describe: Callable[[Any], str] = str, log_dir: Path | None = None, threads: int = 1,
+             scheduler: str | None = None, cost: Callable[[Any], float] | None = None,
+             ) -> Iterator[tuple[Any, Any]]:
+    """Yield ``(item, fn(item))`` as runs finish, printing "run k of n" with an ETA; raise :class:`RunFailed`.
+
+    ``threads``: torch threads per run; ``scheduler``: a Dask scheduler address (else ``$DASK_SCHEDULER_ADDRESS``,
+    else a local cluster of ``workers`` processes); ``cost``: a run's expected cost, to start the longest first.
+    """
+    items = longest_first(list(items), cost)
     n, t0 = len(items), time.monotonic()
 
     def report(k: int, item: Any) -> None:
@@ -60,27 +111,43 @@ def map_runs(fn: Callable[[Any], Any], items: Iterable[Any], *, workers: int = 1
             log.write_text(tb)
         return RunFailed(describe(item), summary, log)
 
-    if workers <= 1 or n <= 1:
-        for k, item in enumerate(items, 1):
-            ok, out = _call(fn, item)
+    address = scheduler_address(scheduler)
+    outcomes = (_in_process(fn, items, threads) if address is None and (workers <= 1 or n <= 1)
+                else _on_cluster(fn, items, threads, min(workers, n), address))
+    try:
+        for k, (item, ok, out) in enumerate(outcomes, 1):
             if not ok:
                 raise fail(item, out)
             report(k, item)
             yield item, out
-        return
-    with multiprocessing.get_context("fork").Pool(min(workers, n)) as pool:
-        pending = [(item, pool.apply_async(_call, (fn, item))) for item in items]
-        done = 0
-        while pending:
-            for pair in list(pending):
-                item, res = pair
-                if res.ready():
-                    pending.remove(pair)
-                    ok, out = res.get()
-                    if not ok:
-                        pool.terminate()
-                        raise fail(item, out)
-                    done += 1
-                    report(done, item)
-                    yield item, out
-            time.sleep(0.05)
+    finally:
+        outcomes.close()  # a failure (or a caller that stops early) shuts the cluster down now
+
+
+def _in_process(fn: Callable, items: list[Any], threads: int) -> Iterator[tuple[Any, bool, Any]]:
+    for item in items:
+        yield (item, *_call(fn, item, threads))
+
+
+def _on_cluster(fn: Callable, items: list[Any], threads: int, workers: int,
+                address: str | None) -> Iterator[tuple[Any, bool, Any]]:
+    """``(item, ok, result or (summary, traceback))`` in completion order; a dead worker's run is retried by the
+    scheduler (``allowed-failures``) and reported as failed after that."""
+    from distributed import as_completed
+
+    with dask_client(workers, address) as client:
+        # priority keeps the (longest-first) order when more runs than workers wait for a slot
+        futures = {client.submit(_call, fn, item, threads, pure=False, priority=n - i): item
+                   for n in [len(items)] for i, item in enumerate(items)}
+        try:
+            for future in as_completed(futures):
+                item = futures[future]
+                try:
+                    ok, out = future.result()
+                except Exception as err:  # noqa: BLE001 - KilledWorker and friends: the process itself died
+                    ok, out = False, (f"{type(err).__name__}: worker process died "
+                                      f"({str(err).splitlines()[0] if str(err) else 'no message'})",
+                                      traceback.format_exc())
+                yield item, ok, out
+        finally:
+            client.cancel(list(futures))

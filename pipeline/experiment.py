@@ -249,7 +249,7 @@ def fit(job: Job) -> dict:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from pipeline.models import build_model
-    from pipeline.train import ArrayData, Classifier
+    from pipeline.train import ArrayData, Classifier, PhaseTimer
 
     spec, params = job.spec, job.params
     recipe, rt = params.train.recipe, params.train.runtime
@@ -271,7 +271,8 @@ def fit(job: Job) -> dict:
     ckpt = ModelCheckpoint(dirpath=spec.ckpt_dir, filename="last", save_top_k=1,
                            every_n_train_steps=rt.checkpoint_every_steps, enable_version_counter=False)
     curves = Curves(spec.name, steps, rt.log_every_steps, rt.checkpoint_every_steps, spec.ckpt_dir / "last.ckpt")
-    trainer = _trainer(job, steps, [ckpt, curves])
+    timer = PhaseTimer()
+    trainer = _trainer(job, steps, [timer, ckpt, curves])
     start = int(torch.load(job.resume_from, weights_only=True)["global_step"]) if job.resume_from else 0
     t0 = time.perf_counter()
     try:
@@ -283,7 +284,8 @@ def fit(job: Job) -> dict:
     measured = {"wall_time_s": wall, "resumed": job.resume_from is not None,
                 "steps_this_process": trainer.global_step - start,
                 "images_per_s": (trainer.global_step - start) * recipe.batch_size / wall if wall > 0 else 0.0,
-                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "phases_s": timer.seconds, "step_share": timer.step_share}
     extra = ({"student_train": _subset(split.indices, params.train.size, spec.slices_dir)}
              if spec.stage == "teacher" else {})
     evaluation = {**evaluate(model, split, rt.eval_batch_size, extra),
@@ -369,7 +371,9 @@ def _headline(metrics: dict) -> dict:
            "train_flops": b["train_flops"], "optimizer_steps": b["optimizer_steps"]}
     out.update({k: v["acc"] for k, v in metrics["slices"].items() if k != "test"})  # "slice/<factor>=<v>"
     out.update({f"budget/{k}": v for k, v in b.items() if isinstance(v, (int, float))})
-    out.update({f"measured/{k}": float(v) for k, v in metrics["measured"].items()})
+    m = metrics["measured"]
+    out.update({f"measured/{k}": float(v) for k, v in m.items() if isinstance(v, (int, float))})
+    out.update({f"measured/phase_s/{k}": float(v) for k, v in m.get("phases_s", {}).items()})
     out.update({f"{name}/{k}": v for name in ("student_train",) if name in metrics
                 for k, v in metrics[name].items()})
     return out
@@ -431,6 +435,15 @@ def _open(specs: list[RunSpec], params: Params, tracker: tracking.StageRun) -> t
     return jobs, run_ids, done
 
 
+# Relative cost of one optimizer step (measured, bench phases): the pool starts the longest runs first.
+STEP_COST = {"swin": 1.7, "swin_noshift": 1.7, "swin_local": 3.0, "resnet": 1.4, "resnet_aa": 2.0,
+             "resnet_s1": 6.0}
+
+
+def run_cost(job: Job) -> float:
+    return job.spec.key.steps * STEP_COST.get(job.spec.model, 1.0)
+
+
 def execute(specs: list[RunSpec], params: Params, stage: str, name: str, ckpt_root: Path) -> list[dict]:
     """Run every spec (finished ones are kept) under one parent MLflow run; returns every run's metrics."""
     print(f"[{datetime.now():%H:%M:%S}] == {name}: {len(specs)} runs on {params.train.runtime.workers} worker(s)",
@@ -439,9 +452,10 @@ def execute(specs: list[RunSpec], params: Params, stage: str, name: str, ckpt_ro
         jobs, run_ids, results = _open(specs, params, tracker)
         pending = {j.spec.name: j for j in jobs}
         try:
-            for job, result in map_runs(fit, jobs, workers=params.train.runtime.workers,
-                                        describe=lambda j: j.spec.name,
-                                        log_dir=_log_dir(ckpt_root)):
+            rt = params.train.runtime
+            for job, result in map_runs(fit, jobs, workers=rt.workers, threads=rt.threads, scheduler=rt.scheduler,
+                                        describe=lambda j: j.spec.name, log_dir=_log_dir(ckpt_root),
+                                        cost=run_cost):
                 results.append(m := record(job, result, tracker, run_ids[job.spec.name]))
                 pending.pop(job.spec.name)
                 print(f"  {job.spec.name}: test acc {m['test_acc']:.3f}", flush=True)

@@ -1,0 +1,108 @@
+"""The Dask executor: identical results to the in-process path, a dead worker retried or reported, loopback only."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import cloudpickle
+import pytest
+import torch
+
+from pipeline import executor
+from pipeline.executor import RunFailed, map_runs
+
+# Spawned Dask workers cannot import this file (pytest puts tests/ on sys.path only here): ship it by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def fit_tiny(seed: int) -> dict[str, torch.Tensor]:
+    """A few AdamW steps of a small MLP on seeded data: its exact weights depend on every float op."""
+    gen = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(256, 16, generator=gen), torch.randint(0, 3, (256,), generator=gen)
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 3))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for i in range(20):
+        xb, yb = x[i % 4 * 64:(i % 4 + 1) * 64], y[i % 4 * 64:(i % 4 + 1) * 64]
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.step()
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def die_once(marker: str) -> int:
+    """Kill this worker process the first time (no Python cleanup, like SIGKILL/OOM), succeed on the retry."""
+    path = Path(marker)
+    if path.name == "die" and not path.exists():
+        path.write_text("died")
+        os._exit(1)
+    return os.getpid()
+
+
+def always_die(_item) -> None:
+    os._exit(1)
+
+
+def raise_value(item: int) -> int:
+    if item == 2:
+        raise ValueError(f"bad item {item}\nsecond line")
+    return item
+
+
+def test_cluster_matches_in_process_bit_for_bit():
+    seeds = [0, 1, 2]
+    local = dict(map_runs(fit_tiny, seeds, workers=1))
+    remote = dict(map_runs(fit_tiny, seeds, workers=2))
+    assert sorted(remote) == seeds
+    for s in seeds:
+        assert local[s].keys() == remote[s].keys()
+        for k in local[s]:
+            assert torch.equal(local[s][k], remote[s][k]), f"seed {s} {k} differs between in-process and cluster"
+
+
+def test_killed_worker_is_retried(tmp_path):
+    out = dict(map_runs(die_once, [str(tmp_path / "die"), str(tmp_path / "live")], workers=2))
+    assert (tmp_path / "die").read_text() == "died" and len(out) == 2
+    assert all(pid != os.getpid() for pid in out.values())  # ran in worker processes, not here
+
+
+def test_worker_that_keeps_dying_fails_in_one_line(tmp_path):
+    with pytest.raises(RunFailed) as err:
+        list(map_runs(always_die, ["x", "y"], workers=2, describe=lambda i: f"task/{i}", log_dir=tmp_path))
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("run task/") and "worker process died" in message
+    assert err.value.log is not None and err.value.log.exists()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_exception_names_the_run_and_logs_the_traceback(tmp_path, workers):
+    with pytest.raises(RunFailed) as err:
+        list(map_runs(raise_value, [1, 2, 3], workers=workers, describe=lambda i: f"run{i}", log_dir=tmp_path))
+    assert str(err.value).startswith("run run2 failed: ValueError: bad item 2 (traceback: ")
+    assert "raise ValueError" in (tmp_path / "run2.log").read_text()
+
+
+def test_local_cluster_binds_loopback_only(monkeypatch):
+    monkeypatch.delenv(executor.ADDRESS_ENV, raising=False)
+    assert executor.scheduler_address(None) is None
+    with executor.dask_client(2) as client:
+        info = client.scheduler_info()
+        addresses = [info["address"], *info["workers"]]
+        assert len(info["workers"]) == 2
+        assert all(a.startswith(f"tcp://{executor.LOOPBACK}:") for a in addresses), addresses
+        assert client.cluster.dashboard_link is None or "127.0.0.1" in client.cluster.dashboard_link
+
+
+def test_given_address_is_used(monkeypatch):
+    monkeypatch.setenv(executor.ADDRESS_ENV, "tcp://127.0.0.1:1")
+    assert executor.scheduler_address(None) == "tcp://127.0.0.1:1"
+    assert executor.scheduler_address("tcp://127.0.0.1:2") == "tcp://127.0.0.1:2"
+
+
+def test_longest_runs_start_first(capsys):
+    items = [("short", 1), ("long", 9), ("mid", 5)]
+    done = [name for (name, _), _ in map_runs(lambda i: i, items, cost=lambda i: i[1])]
+    assert done == ["long", "mid", "short"]
+    assert "run 3 of 3 done: ('short', 1)" in capsys.readouterr().out
