@@ -31,9 +31,9 @@ class Section(BaseModel):
 class Geometry(Section):
     """Image and patch grid shared by tasks, models and the reachability prediction."""
 
-    image_size: PosInt = 16  # H = W in pixels
-    patch_size: PosInt = 4  # P: ViT patch, and the grid the controlled tasks are built against
-    channels: PosInt = 3
+    image_size: PosInt  # H = W in pixels
+    patch_size: PosInt  # P: ViT patch, and the grid the controlled tasks are built against
+    channels: PosInt
 
     @model_validator(mode="after")
     def _divides(self) -> Geometry:
@@ -50,11 +50,11 @@ class Geometry(Section):
 
 # --------------------------------------------------------------------------- interface (level 1)
 class PairCounts(Section):
-    image_size: PosInt = 224
-    patch_sizes: list[PosInt] = [4, 8, 16, 32]
-    window: PosInt = 7
-    extra_image_sizes: list[PosInt] = [384, 512, 1024]  # at extra_patch_size
-    extra_patch_size: PosInt = 16
+    image_size: PosInt
+    patch_sizes: list[PosInt]
+    window: PosInt
+    extra_image_sizes: list[PosInt]  # at extra_patch_size
+    extra_patch_size: PosInt
 
     @model_validator(mode="after")
     def _grids(self) -> PairCounts:
@@ -71,21 +71,21 @@ class PairCounts(Section):
 
 
 class Interface(Section):
-    patch_size: PosInt = 4  # P of the null-space study: D = P * P * channels
-    widths: list[PosInt] = [8, 16, 24, 32, 40, 48, 56, 64, 96]  # embedding widths d
-    collision_width: PosInt = 16  # d < D for the collision pair (and a full-width control at d >= D)
-    embed_dim: PosInt = 32  # width of the attention/ViT modules in the permutation checks
-    num_heads: PosInt = 4
-    small_tokens: Annotated[int, Field(gt=1, le=7)] = 5  # every permutation (n! of them)
-    large_tokens: PosInt = 64
-    random_permutations: PosInt = 20
-    atol: PosFloat = 1e-5  # float32 tolerance for "equal"
-    exact_tol: PosFloat = 1e-10  # float64 tolerance for "equal" (the exact identities)
-    image_size: PosInt = 16  # images of the whole-ViT collision and permutation checks
-    depth: PosInt = 2  # blocks of those whole ViTs
-    probes: PosInt = 2  # reachability: random inputs whose Jacobian sparsity is united (ReLU gates)
-    jacobian_cut: Annotated[float, Field(gt=0, lt=1)] = 1e-20  # |dy/dx| below cut * max counts as 0
-    pair_counts: PairCounts = PairCounts()
+    patch_size: PosInt  # P of the null-space study: D = P * P * channels
+    widths: list[PosInt]  # embedding widths d
+    collision_width: PosInt  # d < D for the collision pair (and a full-width control at d >= D)
+    embed_dim: PosInt  # width of the attention/ViT modules in the permutation checks
+    num_heads: PosInt
+    small_tokens: Annotated[int, Field(gt=1, le=7)]  # every permutation (n! of them)
+    large_tokens: PosInt
+    random_permutations: PosInt
+    atol: PosFloat  # float32 tolerance for "equal"
+    exact_tol: PosFloat  # float64 tolerance for "equal" (the exact identities)
+    image_size: PosInt  # images of the whole-ViT collision and permutation checks
+    depth: PosInt  # blocks of those whole ViTs
+    probes: PosInt  # reachability: random inputs whose Jacobian sparsity is united (ReLU gates)
+    jacobian_cut: Annotated[float, Field(gt=0, lt=1)]  # |dy/dx| below cut * max counts as 0
+    pair_counts: PairCounts
 
     @model_validator(mode="after")
     def _heads(self) -> Interface:
@@ -104,34 +104,34 @@ class Interface(Section):
 
 # --------------------------------------------------------------------------- models
 class ViTParams(Section):
-    depth: PosInt = 4
-    num_heads: PosInt = 2
-    mlp_ratio: PosFloat = 2.0
+    depth: PosInt
+    num_heads: PosInt
+    mlp_ratio: PosFloat
 
 
 class SwinParams(Section):
-    patch_size: PosInt = 2
-    window_size: PosInt = 4
-    depths: list[PosInt] = [2, 2]  # blocks per stage; a patch merging between stages
-    num_heads: list[PosInt] = [2, 4]
-    mlp_ratio: PosFloat = 2.0
+    patch_size: PosInt
+    window_size: PosInt
+    depths: list[PosInt]  # blocks per stage; a patch merging between stages
+    num_heads: list[PosInt]
+    mlp_ratio: PosFloat
 
 
 class ResNetParams(Section):
     # BasicBlocks per stage; channels width * 2**stage; 3 stages (16 -> 8 -> 4 px) like the CIFAR ResNets.
     # At most 4 stages: timm's ResNet turns further stages into dilation instead of downsampling.
-    layers: Annotated[list[PosInt], Field(min_length=1, max_length=4)] = [2, 1, 1]
+    layers: Annotated[list[PosInt], Field(min_length=1, max_length=4)]
 
 
 class Models(Section):
-    param_target: PosInt = 50_000  # widths are solved so every architecture lands near this count
-    param_tolerance: Annotated[float, Field(gt=0, lt=1)] = 0.10
+    param_target: PosInt  # widths are solved so every architecture lands near this count
+    param_tolerance: Annotated[float, Field(gt=0, lt=1)]
     # Widths are solved once with a head of this many classes and reused by every task, so an architecture's
     # body is the same on a 2-class and a 10-class task (the head alone differs).
-    reference_classes: PosInt = 10
-    vit: ViTParams = ViTParams()
-    swin: SwinParams = SwinParams()
-    resnet: ResNetParams = ResNetParams()
+    reference_classes: PosInt
+    vit: ViTParams
+    swin: SwinParams
+    resnet: ResNetParams
 
     @model_validator(mode="after")
     def _swin_lists(self) -> Models:
@@ -277,7 +277,7 @@ class Distill(Section):
 class Report(Section):
     """How the ``report`` stage summarises runs and judges the prediction ledger (pipeline/report)."""
 
-    confidence: Annotated[float, Field(gt=0.5, lt=1)] = 0.95  # interval level; Holm's alpha = 1 - confidence
+    confidence: Annotated[float, Field(gt=0.5, lt=1)]  # interval level; Holm's alpha = 1 - confidence
     # "No effect": a paired difference whose whole interval lies within +-margin (accuracy points).
     equivalence_margin: Annotated[float, Field(gt=0, lt=1)]
     bootstrap_samples: Annotated[int, Field(ge=100)]  # hierarchical bootstrap replicates (seeded by `seed`)
@@ -307,20 +307,17 @@ def _check_range(key: str, r: list[int], lo: int | None = None, hi: int | None =
 class SyntheticParams(Section):
     """What every controlled task shares: its pool and the generic difficulty knobs."""
 
-    n: PosInt = 12_000  # pool size: fit rows (train + val) and eval rows (test)
-    eval_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.2  # share of the pool reserved for the test split
-    noise: Annotated[int, Field(ge=0, le=255)] = 0  # uniform integer noise in [-noise, noise] per pixel
-    clutter: NonNegInt = 0  # distractors: random pixels (alignment, scale), marks/glyphs (relation, arrangement)
+    n: PosInt  # pool size: fit rows (train + val) and eval rows (test)
+    eval_fraction: Annotated[float, Field(gt=0, lt=1)]  # share of the pool reserved for the test split
+    noise: Annotated[int, Field(ge=0, le=255)]  # uniform integer noise in [-noise, noise] per pixel
+    clutter: NonNegInt  # distractors: random pixels (alignment, scale), marks/glyphs (relation, arrangement)
 
 
 class AlignmentParams(SyntheticParams):
-    # Calibrated so that in-distribution accuracy separates architectures (clean glyphs: all reach 100%).
-    noise: Annotated[int, Field(ge=0, le=255)] = 32
-    clutter: NonNegInt = 3
-    num_classes: Annotated[int, Field(ge=2)] = 4
-    glyph_size: PosInt = 3  # px; glyphs differ in exactly 2 * glyph_flips pixels (similarity knob)
-    glyph_flips: PosInt = 2
-    train_offsets: Range = [0, 1]  # fit rows: dx, dy in this range; eval rows: all of 0..P-1
+    num_classes: Annotated[int, Field(ge=2)]
+    glyph_size: PosInt  # px; glyphs differ in exactly 2 * glyph_flips pixels (similarity knob)
+    glyph_flips: PosInt
+    train_offsets: Range  # fit rows: dx, dy in this range; eval rows: all of 0..P-1
 
     @model_validator(mode="after")
     def _glyphs(self) -> AlignmentParams:
@@ -332,11 +329,10 @@ class AlignmentParams(SyntheticParams):
 
 
 class ScaleParams(SyntheticParams):
-    shapes: list[Literal["square", "frame", "triangle", "plus", "disc", "diamond"]] = [
-        "square", "frame", "triangle", "plus"]
-    min_size: Annotated[int, Field(ge=2)] = 3  # px, over all (eval) rows
-    max_size: PosInt = 12
-    train_sizes: Range = [3, 8]  # fit rows draw sizes here; eval rows from min_size..max_size
+    shapes: list[Literal["square", "frame", "triangle", "plus", "disc", "diamond"]]
+    min_size: Annotated[int, Field(ge=2)]  # px, over all (eval) rows
+    max_size: PosInt
+    train_sizes: Range  # fit rows draw sizes here; eval rows from min_size..max_size
 
     @model_validator(mode="after")
     def _sizes(self) -> ScaleParams:
@@ -353,10 +349,9 @@ class ScaleParams(SyntheticParams):
 
 
 class RelationParams(SyntheticParams):
-    n: PosInt = 12_000  # even: samples come in label-swapped twins
-    num_colours: Annotated[int, Field(ge=3, le=8)] = 4  # K; the relation is colour(B) = colour(A) +- 1 mod K
-    mark_size: PosInt = 2  # px of colour inside a 1 px frame: a mark is mark_size + 2 px wide
-    clutter: NonNegInt = 2  # distractor marks (dark-grey frames, random colours)
+    num_colours: Annotated[int, Field(ge=3, le=8)]  # K; the relation is colour(B) = colour(A) +- 1 mod K
+    mark_size: PosInt  # px of colour inside a 1 px frame: a mark is mark_size + 2 px wide
+    clutter: NonNegInt  # distractor marks (dark-grey frames, random colours)
 
     @model_validator(mode="after")
     def _even(self) -> RelationParams:
@@ -366,10 +361,10 @@ class RelationParams(SyntheticParams):
 
 
 class ArrangementParams(SyntheticParams):
-    glyph_size: PosInt = 3  # must fit strictly inside a patch cell
-    glyph_flips: PosInt = 4
-    distractor_types: NonNegInt = 0  # glyph identities other than A and B, used by the clutter glyphs
-    same_row: bool = False  # A and B always in one row
+    glyph_size: PosInt  # must fit strictly inside a patch cell
+    glyph_flips: PosInt
+    distractor_types: NonNegInt  # glyph identities other than A and B, used by the clutter glyphs
+    same_row: bool  # A and B always in one row
 
     @model_validator(mode="after")
     def _glyphs(self) -> ArrangementParams:
@@ -389,12 +384,11 @@ class NaturalParams(Section):
 
     # Candidate archives, tried in order, relative to the repository root (jpg tarball or python archive);
     # when none exists the official archive is downloaded to the last one. A single string is one candidate.
-    path: Annotated[list[str], Field(min_length=1)] = ["../shared/data/cifar10_jpg.tar.gz",
-                                                       "data/raw/cifar-10-python.tar.gz"]
-    url: str = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"  # the official archive
+    path: Annotated[list[str], Field(min_length=1)]
+    url: str  # the official archive
     md5: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")] = "c58f30108f718f92721af3b95e74349a"  # published
-    per_class_train: Annotated[int, Field(ge=1, le=5000)] = 1000  # first k per class of the official train
-    per_class_test: Annotated[int, Field(ge=1, le=1000)] = 300  # ... and of the official test split
+    per_class_train: Annotated[int, Field(ge=1, le=5000)]  # first k per class of the official train
+    per_class_test: Annotated[int, Field(ge=1, le=1000)]  # ... and of the official test split
 
     @field_validator("path", mode="before")
     @classmethod
@@ -408,14 +402,13 @@ class NaturalParams(Section):
 
 
 class Tasks(Section):
-    names: Annotated[list[TaskName], Field(min_length=1)] = [
-        "alignment", "scale", "relation", "arrangement", "natural"]  # enabled tasks (dvc.yaml matrix)
-    alignment: AlignmentParams = AlignmentParams()
+    names: Annotated[list[TaskName], Field(min_length=1)]  # enabled tasks (dvc.yaml matrix)
+    alignment: AlignmentParams
     # A factory, not an instance: ScaleParams' validator imports pipeline.tasks, which needs this module whole.
-    scale: ScaleParams = Field(default_factory=ScaleParams)
-    relation: RelationParams = RelationParams()
-    arrangement: ArrangementParams = ArrangementParams()
-    natural: NaturalParams = NaturalParams()
+    scale: ScaleParams
+    relation: RelationParams
+    arrangement: ArrangementParams
+    natural: NaturalParams
 
     @model_validator(mode="after")
     def _unique(self) -> Tasks:
@@ -427,9 +420,9 @@ class Tasks(Section):
 class Slicing(Section):
     """Nested, class-balanced training subsets, a fixed validation and test split (same for every size)."""
 
-    train_sizes: Annotated[list[PosInt], Field(min_length=1)] = [500, 1000, 2000, 4000, 8000]
-    val_size: PosInt = 1000  # from fit rows, disjoint from every training subset
-    test_size: PosInt = 2000  # from eval rows; evaluation slices are subsets of it
+    train_sizes: Annotated[list[PosInt], Field(min_length=1)]
+    val_size: PosInt  # from fit rows, disjoint from every training subset
+    test_size: PosInt  # from eval rows; evaluation slices are subsets of it
 
     @model_validator(mode="after")
     def _increasing(self) -> Slicing:
@@ -463,24 +456,21 @@ class Evaluation(Section):
 
 # --------------------------------------------------------------------------- root
 class Params(Section):
-    seed: NonNegInt = 0
-    geometry: Geometry = Geometry()
-    interface: Interface = Interface()
-    models: Models = Models()
+    seed: NonNegInt
+    geometry: Geometry
+    interface: Interface
+    models: Models
     train: Train
     distill: Distill
     tracking: Tracking
     report: Report
-    tasks: Tasks = Field(default_factory=Tasks)
-    slice: Slicing = Slicing()
-    # No default section: None only until the lead drops schema defaults (then params.yaml must hold it).
-    evaluation: Evaluation | None = None
+    tasks: Tasks
+    slice: Slicing
+    evaluation: Evaluation
 
     @model_validator(mode="after")
     def _resolution_sizes(self) -> Params:
         """Every evaluated size must keep whole patches for the ViTs and whole merges for Swin."""
-        if self.evaluation is None:
-            return self
         r, s = self.evaluation.resolution, self.models.swin
         step = s.patch_size * 2 ** (len(s.depths) - 1)
         for size in r.sizes:
@@ -596,6 +586,8 @@ def _format(err: ValidationError) -> str:
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         msg = "unknown key"
+    elif first["type"] == "missing":
+        msg = "missing (params.yaml holds every value; the schema has no defaults)"
     # A validator message that already starts with a key name ("swin.depths: ...") is more precise.
     if ":" in msg.split(" ")[0]:
         key, _, msg = msg.partition(": ")

@@ -330,8 +330,6 @@ def evaluate_factors(model, spec: RunSpec, split, params: Params) -> dict:
     test_idx = split.indices["test"]
     x, y = split.images[test_idx], split.labels[test_idx]
     out = {}
-    if ev is None:
-        return out
     if task == "natural":
         out["subgroups"] = evaluate_subgroups(lambda b: predict(model, b, bs), x, y, params)
     if task in ev.resolution.tasks:

@@ -73,8 +73,6 @@ def at_resolution(model: nn.Module, arch: str, params: Params, size: int) -> nn.
     step = patch_step(model)
     if size % step:
         raise ConfigError(f"evaluation.resolution.sizes: {size} px is not a multiple of {step} for {arch}")
-    if params.evaluation is None:
-        raise ConfigError("evaluation: missing section (evaluation.resolution sets the interpolation)")
     out = copy.deepcopy(model)
     fam = family_of(out)
     if fam == "swin":
@@ -172,8 +170,6 @@ def evaluate_resolutions(model: nn.Module, arch: str, params: Params, images_nat
     """``{size: {acc, n}}``: ``model`` mapped to each size (:func:`at_resolution`) on the resized images."""
     from pipeline.train import predict
 
-    if params.evaluation is None:
-        raise ConfigError("evaluation: missing section (evaluation.resolution)")
     method = params.evaluation.resolution.image_resize
     out = {}
     for size in sizes:

@@ -23,7 +23,6 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from pipeline.config import Params
-from pipeline.errors import ConfigError
 from pipeline.tasks.common import cells_to_image, image_to_cells, task_rng
 
 Predict = Callable[[np.ndarray], np.ndarray]  # uint8 (N, H, W, C) -> logits (N, K)
@@ -105,8 +104,6 @@ def evaluate_subgroups(predict: Predict, images: np.ndarray, labels: np.ndarray,
     images uint8 (N, H, W, C) at the training size, labels int (N,). Conditions: alignment ``"dy,dx"``;
     arrangement ``original``/``shuffled``; scale ``"x<factor>"``; class the class names (or label numbers).
     """
-    if params.evaluation is None:
-        raise ConfigError("evaluation: missing section (evaluation.subgroups declares the subgroups)")
     cfg, p = params.evaluation.subgroups, params.geometry.patch_size
     labels = np.asarray(labels)
 

@@ -258,8 +258,6 @@ def position_study(params: Params, models: dict[str, torch.nn.Module]) -> Result
     from pipeline import resolution
 
     res = Results()
-    if params.evaluation is None:
-        return res
     g, rows = params.geometry, []
     gen = torch.Generator().manual_seed(params.seed)
     for arch, model in models.items():
