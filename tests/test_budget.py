@@ -31,7 +31,9 @@ SMALL_MODELS = {  # default 16-px geometry, small models
     "swin": {"patch_size": 4, "window_size": 2, "depths": [2, 2], "num_heads": [2, 4], "mlp_ratio": 1.5},
     "resnet": {"layers": [2, 1]},
 }
-SMALL = parse_params({**REPO_PARAMS, "models": SMALL_MODELS})
+SMALL = parse_params({**REPO_PARAMS, "models": SMALL_MODELS,  # Swin patch 4 + one merge: sizes in steps of 8
+                      "evaluation": {**REPO_PARAMS["evaluation"], "resolution": {
+                          **REPO_PARAMS["evaluation"]["resolution"], "sizes": [16, 24, 32]}}})
 WIDTH, CLASSES = 12, 5
 
 

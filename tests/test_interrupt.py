@@ -15,9 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tiny_repo
 import yaml
-
-from bench import tiny_repo
 
 pytestmark = pytest.mark.slow
 

@@ -37,7 +37,9 @@ TINY_MODELS = {
     "swin": {"patch_size": 4, "window_size": 2, "depths": [2, 2], "num_heads": [2, 4], "mlp_ratio": 2.0},
     "resnet": {"layers": [1, 1]},
 }
-TINY = parse_params({**REPO_PARAMS, "models": TINY_MODELS})
+TINY = parse_params({**REPO_PARAMS, "models": TINY_MODELS,  # Swin patch 4 + one merge: sizes in steps of 8
+                     "evaluation": {**REPO_PARAMS["evaluation"], "resolution": {
+                         **REPO_PARAMS["evaluation"]["resolution"], "sizes": [16, 24, 32]}}})
 CLASSES = 3
 
 

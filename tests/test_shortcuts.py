@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import tiny_repo
 import yaml
 
-from pipeline.config import Params
 from pipeline.shortcuts import (
     channel_histograms,
     colour_histogram,
@@ -128,7 +128,7 @@ def test_additive_objects_cannot_express_an_interaction():
 
 
 def test_floors_per_slice_on_a_task_with_unseen_offsets():
-    params = Params()
+    params = tiny_repo.repo_params()
     d = TASKS["alignment"].generate(200, 0, params.geometry, params.tasks.alignment)
     role, in_dist = d.factors["role"].to_numpy(), d.factors["id"].to_numpy()
     train, test = np.flatnonzero(role == "fit")[:100], np.flatnonzero(role == "eval")

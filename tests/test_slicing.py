@@ -7,9 +7,10 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import tiny_repo
 import yaml
 
-from pipeline.config import Params, Slicing
+from pipeline.config import Slicing
 from pipeline.errors import ConfigError, StageError
 from pipeline.slicing import check_splits, check_twins, make_splits, manifest, per_class_counts
 from pipeline.stages import generate as gen_stage
@@ -20,7 +21,7 @@ CFG = Slicing(train_sizes=[30, 60, 120], val_size=40, test_size=100)
 
 
 def pool(task: str, n: int = 600):
-    params = Params()
+    params = tiny_repo.repo_params()
     cfg = getattr(params.tasks, task)
     data = TASKS[task].generate(n, 0, params.geometry, cfg)
     factors = data.factors.join(TASKS[task].derive(data.factors, params))

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tiny_repo
 import yaml
 from PIL import Image
 
-from pipeline.config import Geometry, NaturalParams, Params, parse_params
+from pipeline.config import Geometry, NaturalParams, parse_params
 from pipeline.errors import ConfigError, StageError
 from pipeline.stages import generate as gen_stage
 from pipeline.tasks import TASKS
@@ -22,11 +23,12 @@ from pipeline.tasks.natural import CLASSES, read_cifar10, resize
 from pipeline.tasks.relation import PALETTE, window_factors
 
 SYNTHETIC = ["alignment", "scale", "relation", "arrangement"]
-GEO = Geometry()  # 16 px, P = 4
+REPO = tiny_repo.repo_params()
+GEO = REPO.geometry  # 16 px, P = 4
 
 
 def make(task: str, n: int = 400, seed: int = 0, geometry: Geometry = GEO, **overrides) -> TaskData:
-    cfg = getattr(Params().tasks, task).model_copy(update=overrides)
+    cfg = getattr(REPO.tasks, task).model_copy(update=overrides)
     return TASKS[task].generate(n, seed, geometry, cfg)
 
 
@@ -339,7 +341,7 @@ def test_natural_stage_records_archive_hash_and_missing_archive_leaves_nothing(t
 
 
 def test_natural_params_pool_size():
-    assert NaturalParams(per_class_train=3, per_class_test=2).n == 50
+    assert NaturalParams.model_validate({**REPO.tasks.natural.model_dump(), "per_class_train": 3, "per_class_test": 2}).n == 50
 
 
 @pytest.mark.parametrize("shape", ["square", "frame", "triangle", "plus", "disc", "diamond"])

@@ -166,3 +166,10 @@ def assert_same_runs(got: Path, want: Path) -> None:
         assert sorted(a[name]["preds"]) == sorted(b[name]["preds"]), name
         for key, array in a[name]["preds"].items():
             assert np.array_equal(array, b[name]["preds"][key]), (name, key)
+
+
+def repo_params(overrides: dict | None = None):
+    """The repository's own ``params.yaml`` (no :data:`TINY`), deep-merged with ``overrides``, validated."""
+    from pipeline.config import Params
+
+    return Params.model_validate(merge(yaml.safe_load((ROOT / "params.yaml").read_text()), overrides or {}))
