@@ -108,9 +108,9 @@ def breakdown(arch: str, steps: int, repeat: int, n_train: int = 4000, n_val: in
     import torch
     import yaml
 
-    from tests import tiny_repo
     from pipeline.config import Params
     from pipeline.stages.common import quiet_lightning
+    from tests import tiny_repo
 
     quiet_lightning()
     torch.set_num_threads(1)

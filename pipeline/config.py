@@ -404,7 +404,6 @@ class NaturalParams(Section):
 class Tasks(Section):
     names: Annotated[list[TaskName], Field(min_length=1)]  # enabled tasks (dvc.yaml matrix)
     alignment: AlignmentParams
-    # A factory, not an instance: ScaleParams' validator imports pipeline.tasks, which needs this module whole.
     scale: ScaleParams
     relation: RelationParams
     arrangement: ArrangementParams

@@ -31,9 +31,10 @@ SMALL_MODELS = {  # default 16-px geometry, small models
     "swin": {"patch_size": 4, "window_size": 2, "depths": [2, 2], "num_heads": [2, 4], "mlp_ratio": 1.5},
     "resnet": {"layers": [2, 1]},
 }
-SMALL = parse_params({**REPO_PARAMS, "models": SMALL_MODELS,  # Swin patch 4 + one merge: sizes in steps of 8
-                      "evaluation": {**REPO_PARAMS["evaluation"], "resolution": {
-                          **REPO_PARAMS["evaluation"]["resolution"], "sizes": [16, 24, 32]}}})
+# Swin patch 4 + one merge: evaluated sizes in steps of 8
+EVALUATION = {**REPO_PARAMS["evaluation"], "resolution": {**REPO_PARAMS["evaluation"]["resolution"],
+                                                          "sizes": [16, 24, 32]}}
+SMALL = parse_params({**REPO_PARAMS, "models": SMALL_MODELS, "evaluation": EVALUATION})
 WIDTH, CLASSES = 12, 5
 
 
@@ -112,7 +113,7 @@ def test_budget_stage_writes_tables_and_rejects_bad_params(tmp_path, capsys):
     from pipeline.stages.budget import main
 
     good = tmp_path / "params.yaml"
-    good.write_text(yaml.safe_dump({**REPO_PARAMS, "models": SMALL_MODELS}))
+    good.write_text(yaml.safe_dump({**REPO_PARAMS, "models": SMALL_MODELS, "evaluation": EVALUATION}))
     report = tmp_path / "report"
     assert main(["--params", str(good), "--report", str(report)]) == 0
     table = pd.read_csv(report / "architectures.csv")
@@ -124,7 +125,8 @@ def test_budget_stage_writes_tables_and_rejects_bad_params(tmp_path, capsys):
     assert "| vit_sincos" in (report / "README.md").read_text()
 
     bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump({**REPO_PARAMS, "models": {**SMALL_MODELS, "param_target": 30}}))
+    bad.write_text(yaml.safe_dump({**REPO_PARAMS, "models": {**SMALL_MODELS, "param_target": 30},
+                                   "evaluation": EVALUATION}))
     assert main(["--params", str(bad), "--report", str(tmp_path / "nothing")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: models.param_target:") and "\n" not in err, err

@@ -1,9 +1,10 @@
 """Determinism: two tiny pipelines run from scratch, in two folders, give identical results.
 
 ``reproduced_repo`` is one run; this test makes a second fresh copy and reproduces every training stage
-there except the data-size curve (and not the interface, budget or report stages, which train nothing), to
-stay near a minute. Every data and slice output has the same DVC hash, and every run (train, teacher, DeiT
-student) has the same accuracies, slice accuracies and bit-identical ``predictions.npz`` arrays.
+there (the curve grid's runs included: they are ``train@<arch>`` runs; not the interface, budget or report
+stages, which train nothing), to stay near a minute. Every data and slice output has the same DVC hash, and
+every run (train, teacher, DeiT student) has the same accuracies, slice accuracies and bit-identical
+``predictions.npz`` arrays.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ runs with their budgets, and a second ``dvc repro`` does nothing. Runs whatever 
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -22,25 +23,34 @@ def test_every_stage_ran_and_wrote_its_outputs(reproduced_repo):
             assert (repo / out["path"]).exists(), f"{name}: {out['path']} missing"
     metrics = sorted((repo / "data/runs").rglob("metrics.json"))
     assert {m.relative_to(repo / "data/runs").parts[0] for m in metrics} == {"vit", "resnet", "deit"}
-    student = json.loads((repo / "data/runs/deit/alignment/n128/s0/metrics.json").read_text())
-    assert student["teacher"]["arch"] == "resnet" and student["budget"]["teacher_train_flops"] > 0
+    student = json.loads((repo / "data/runs/deit/alignment/n128-t20-s0-d0/metrics.json").read_text())
+    teacher = student["provenance"]["teacher"]  # the verified teacher the student was distilled from
+    assert student["teacher"] == teacher["arch"] == "resnet" and teacher["checkpoint"] == "weights.pt"
+    weights = (repo / "data/teachers/resnet/alignment/weights.pt").read_bytes()
+    assert teacher["checkpoint_sha256"] == hashlib.sha256(weights).hexdigest()
+    assert student["budget"]["teacher_train_flops"] == teacher["train_flops"] > 0
 
 
 def test_mlflow_has_the_runs_with_budgets(reproduced_repo):
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{reproduced_repo / 'mlflow.db'}")
-    by_stage = {}
-    for stage in ("interface", "train", "curve", "teacher"):
+    parents, children = {}, {}
+    for stage in ("interface", "train", "teacher", "distill"):
         exp = client.get_experiment_by_name(f"bias-{stage}")
         assert exp is not None, stage
-        by_stage[stage] = client.search_runs([exp.experiment_id])
-        assert by_stage[stage] and all(r.info.status == "FINISHED" for r in by_stage[stage])
-    for run in by_stage["train"] + by_stage["curve"] + by_stage["teacher"]:
+        found = client.search_runs([exp.experiment_id])
+        assert found and all(r.info.status == "FINISHED" for r in found), stage
+        children[stage] = [r for r in found if "mlflow.parentRunId" in r.data.tags]
+        parents[stage] = sorted(r.info.run_name for r in found if "mlflow.parentRunId" not in r.data.tags)
+    for run in children["train"] + children["teacher"] + children["distill"]:
         for key in ("params", "optimizer_steps", "images_seen", "tokens_seen", "train_flops"):
             assert f"budget/{key}" in run.data.metrics, (run.info.run_name, key)
-    # train: 2 tasks x (vit, resnet) + the DeiT student; curve: resnet on alignment at n=64; one teacher
-    assert [len(by_stage[s]) for s in ("train", "curve", "teacher")] == [5, 1, 1]
+    # one parent run per stage invocation: train per arch, teacher per teacher arch, distill per student
+    assert parents["train"] == ["train/resnet", "train/vit"]
+    assert (parents["teacher"], parents["distill"]) == (["teacher/resnet"], ["distill/deit"])
+    # train: 2 tasks x (vit, resnet) + the curve grid (resnet on alignment at n=64); one teacher; one student
+    assert [len(children[s]) for s in ("train", "teacher", "distill")] == [5, 1, 1]
 
 
 def test_second_repro_is_a_noop(reproduced_repo):

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+import tiny_repo
 import torch
 import yaml
 from timm.layers import Attention
@@ -187,7 +188,7 @@ def test_vit_reachability_is_global_after_one_block():
 ])
 def test_bad_interface_params_name_the_key(section, key, value):
     with pytest.raises(ConfigError, match=f"interface.{key}"):
-        parse_params({section: {key: value}})
+        parse_params(tiny_repo.params_with({section: {key: value}}))
 
 
 # --------------------------------------------------------------------------- stage end to end
@@ -208,6 +209,7 @@ TINY = {  # geometry stays at its default (16 px, 4-px patches): other sections 
 TINY["evaluation"] = {"subgroups": {"border": "edge", "shuffle_seed": 0, "zoom": [1.0]},
                       "resolution": {"tasks": [], "sizes": [8, 12, 20], "interpolation": "bicubic",
                                      "image_resize": "area"}}
+TINY = tiny_repo.params_with(TINY)  # the repository's params.yaml with the tiny study merged in
 
 
 # --------------------------------------------------------------------------- position contract
@@ -228,14 +230,17 @@ def test_position_contract_exact_at_training_size_and_shapes_elsewhere():
     params = parse_params(TINY)
     res = position_study(params, _built(params))
     table = res.tables["position_contract"].set_index("arch")
-    assert table.family.to_dict() == {"vit": "learned", "vit_nopos": "none", "vit_sincos": "sincos",
-                                      "deit": "learned", "swin": "swin", "swin_noshift": "swin", "resnet": "conv"}
+    assert table.family.to_dict() == {
+        "vit": "learned", "vit_nopos": "none", "vit_sincos": "sincos", "vit_sincos_init": "learned",
+        "vit_convstem": "learned", "vit_overlap": "learned", "deit": "learned", "deit_labels": "learned",
+        "swin": "swin", "swin_noshift": "swin", "swin_local": "swin",
+        "resnet": "conv", "resnet_s1": "conv", "resnet_aa": "conv", "nomix": "none"}
     assert set(table.contract) <= set(POSITION_CONTRACT.values())
     failed = [c for c in res.checks if not c.held]
     assert not failed, failed
     names = [c.name for c in res.checks]
-    assert sum("training size" in n for n in names) == 7  # one exact-equality check per architecture
-    assert sum("at 20 px: logits per image" in n for n in names) == 7
+    assert sum("training size" in n for n in names) == len(table)  # one exact-equality check per architecture
+    assert sum("at 20 px: logits per image" in n for n in names) == len(table)
     assert any("swin at 12 px: every offset keeps its trained bias" in n for n in names)
 
 
@@ -332,7 +337,7 @@ def test_stage_rejects_bad_params_in_one_line(tmp_path, capsys):
     from pipeline.stages.interface import main
 
     bad = tmp_path / "params.yaml"
-    bad.write_text(yaml.safe_dump({"interface": {"collision_width": 64}}))
+    bad.write_text(yaml.safe_dump(tiny_repo.params_with({"interface": {"collision_width": 64}})))
     assert main(["--params", str(bad), "--out", str(tmp_path / "o"), "--report", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "interface.collision_width" in err

@@ -37,9 +37,10 @@ TINY_MODELS = {
     "swin": {"patch_size": 4, "window_size": 2, "depths": [2, 2], "num_heads": [2, 4], "mlp_ratio": 2.0},
     "resnet": {"layers": [1, 1]},
 }
-TINY = parse_params({**REPO_PARAMS, "models": TINY_MODELS,  # Swin patch 4 + one merge: sizes in steps of 8
-                     "evaluation": {**REPO_PARAMS["evaluation"], "resolution": {
-                         **REPO_PARAMS["evaluation"]["resolution"], "sizes": [16, 24, 32]}}})
+# Swin patch 4 + one merge: evaluated sizes in steps of 8
+EVALUATION = {**REPO_PARAMS["evaluation"], "resolution": {**REPO_PARAMS["evaluation"]["resolution"],
+                                                          "sizes": [16, 24, 32]}}
+TINY = parse_params({**REPO_PARAMS, "models": TINY_MODELS, "evaluation": EVALUATION})
 CLASSES = 3
 
 
@@ -304,7 +305,7 @@ def test_default_widths_land_within_tolerance():
 
 
 def test_impossible_target_names_the_key():
-    params = parse_params({**REPO_PARAMS, "models": {**TINY_MODELS, "param_target": 50}})
+    params = parse_params({**REPO_PARAMS, "models": {**TINY_MODELS, "param_target": 50}, "evaluation": EVALUATION})
     with pytest.raises(ConfigError, match=r"^models\.param_target: vit cannot get within"):
         solve_width("vit", params, 10)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tiny_repo
 import yaml
 
 from pipeline.config import NaturalParams
@@ -54,6 +55,7 @@ def md5(path: Path) -> str:
     return hashlib.md5(path.read_bytes()).hexdigest()  # noqa: S324 (CIFAR's published checksum is an md5)
 
 
+NAMES = [*tiny_repo.TINY["tasks"]["names"], "natural"]  # the tiny tasks plus this one
 DEFAULT_NATURAL = yaml.safe_load((Path(__file__).parents[1] / "params.yaml").read_text())["tasks"]["natural"]
 
 
@@ -140,7 +142,8 @@ def _refused(tmp_path: Path, capsys, url: str, case: str) -> None:
 
     # the data stage: exit 2, the one line, no output folder
     params = tmp_path / "params.yaml"
-    params.write_text(yaml.safe_dump({"tasks": {"natural": {"path": [str(dest)], "url": url}}}))
+    natural_params = {"names": NAMES, "natural": {"path": [str(dest)], "url": url}}
+    params.write_text(yaml.safe_dump(tiny_repo.params_with({"tasks": natural_params})))
     out = repo / "data" / "tasks" / "natural"
     assert gen_stage.main(["--params", str(params), "--task", "natural", "--out", str(out)]) == 2
     line = capsys.readouterr().err.strip()
@@ -152,8 +155,8 @@ def test_stage_stores_native_eval_images(tmp_path):
     src = tmp_path / "c.tar.gz"
     test = fake_python_archive(src, per_class=3)
     params = tmp_path / "params.yaml"
-    params.write_text(yaml.safe_dump({"tasks": {"natural": {"path": [str(tmp_path / "no.tar.gz"), str(src)],
-                                                            "per_class_train": 2, "per_class_test": 3}}}))
+    params.write_text(yaml.safe_dump(tiny_repo.params_with({"tasks": {"names": NAMES, "natural": {
+        "path": [str(tmp_path / "no.tar.gz"), str(src)], "per_class_train": 2, "per_class_test": 3}}})))
     out = tmp_path / "natural"
     assert gen_stage.main(["--params", str(params), "--task", "natural", "--out", str(out)]) == 0
     meta = json.loads((out / "meta.json").read_text())

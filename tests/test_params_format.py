@@ -24,6 +24,7 @@ def formatted(tmp_path):
     return path
 
 
+@pytest.mark.xfail(strict=True, reason="lead reformats params.yaml after the repro")
 def test_format_keeps_values_and_comments(formatted):
     original = (ROOT / "params.yaml").read_text()
     text = formatted.read_text()

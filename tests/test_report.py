@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from pipeline.config import load_params
+from pipeline.config import ArchEntry, load_params
 from pipeline.report import cells, ledger, markdown, natural, pages, sources
 from pipeline.stages import report as report_stage
 
@@ -37,7 +37,7 @@ def _pool(root: Path, task: str) -> np.ndarray:
 def _run(root: Path, task: str, arch: str, seed: int, correct: np.ndarray, labels: np.ndarray, steps: int = 1000,
          logits: np.ndarray | None = None, train_size: int = 40) -> None:
     """One run folder: predictions right exactly on ``correct`` (bool over TEST), metrics.json to match."""
-    folder = root / "runs" / arch / task / f"n{train_size}" / f"s{seed}" / f"t{steps}"
+    folder = root / "runs" / arch / task / f"n{train_size}-t{steps}-s{seed}-d0"
     folder.mkdir(parents=True, exist_ok=True)
     pred = np.where(correct, labels[TEST], 1 - labels[TEST])
     if logits is None:
@@ -85,10 +85,12 @@ def _tree(root: Path) -> None:
 @pytest.fixture
 def params_path(tmp_path):
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
-    raw["train"]["archs"] = {a: s for a, s in raw["train"]["archs"].items()
+    tree_tasks = ("alignment", "relation", "arrangement")  # the tasks _tree runs
+    raw["train"]["archs"] = {a: {**s, "tasks": [t for t in s["tasks"] if t in tree_tasks]}
+                             for a, s in raw["train"]["archs"].items()
                              if a in ("vit", "vit_nopos", "vit_sincos", "swin", "swin_noshift", "resnet")}
+    raw["train"]["grids"] = {}
     raw["distill"]["students"], raw["distill"]["teachers"] = {}, {}
-    raw["train"]["tasks"] = ["alignment", "relation", "arrangement"]  # the tasks _tree runs
     raw["report"]["bootstrap_samples"] = 300
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -161,7 +163,8 @@ def test_floor_rows_and_budget_pairs(tmp_path, params_path):
             _run(tmp_path, "relation", "swin", seed, np.ones(len(TEST), bool), labels, steps=4000)
             _run(tmp_path, "relation", "swin", seed, np.ones(len(TEST), bool), labels, train_size=80)
     params = load_params(params_path)
-    archs = {**params.train.archs, "swin_local": "swin", "nomix": "vit"}
+    archs = {**params.train.archs, "swin_local": ArchEntry(models="swin", tasks=["relation"]),
+             "nomix": ArchEntry(models="vit", tasks=["relation"])}
     params = params.model_copy(update={"train": params.train.model_copy(update={"archs": archs})})
     records = sources.read_metrics(tmp_path / "runs", "runs")
     inp = pages.load(params, records, tmp_path / "tasks", tmp_path / "slices", tmp_path / "shortcuts", None, {})

@@ -142,10 +142,13 @@ def test_floors_per_slice_on_a_task_with_unseen_offsets():
 
 
 def test_shortcuts_stage_on_generated_data(tmp_path, capsys):
-    raw = {"tasks": {"names": ["relation"], "relation": {"n": 400}},
-           "slice": {"train_sizes": [100, 200], "val_size": 40, "test_size": 60},
-           "train": {"tasks": ["relation"], "size": 200, "curve": {"tasks": ["relation"], "sizes": [200]}},
-           "distill": {"tasks": ["relation"]}}
+    arch = {"models": "resnet", "tasks": ["relation"]}
+    raw = tiny_repo.params_with({
+        "tasks": {"names": ["relation"], "relation": {"n": 400}},
+        "slice": {"train_sizes": [100, 200, 280], "val_size": 40, "test_size": 60},
+        "train": {"size": 200, "archs": {"resnet": arch},
+                  "grids": {"curve": {"archs": ["resnet"], "tasks": ["relation"], "sizes": [200]}}},
+        "distill": {"tasks": ["relation"], "teacher_size": 280}})
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(raw))
     data, slices, out = tmp_path / "tasks", tmp_path / "slices", tmp_path / "shortcuts"

@@ -62,14 +62,22 @@ def _pair_sets(z, names: list[str], pairs: np.ndarray) -> dict[str, set]:
     return {name: set(pairs[z[name]].tolist()) for name in names}
 
 
+def stage_params(task: str, n: int, slices: dict) -> dict:
+    """Tiny params generating only ``task``; the training grid uses only it and the sliced sizes."""
+    small, teacher = slices["train_sizes"][0], slices["train_sizes"][1]
+    arch = {"models": "resnet", "tasks": [task]}
+    return tiny_repo.params_with({
+        "tasks": {"names": [task], task: {"n": n}}, "slice": slices,
+        "train": {"size": small, "archs": {"resnet": arch},
+                  "grids": {"curve": {"archs": ["resnet"], "tasks": [task], "sizes": [small]}}},
+        "distill": {"tasks": [task], "teacher_size": teacher}})
+
+
 @pytest.mark.parametrize("task", ["relation", "arrangement"])
 def test_twin_aware_splits_on_generated_data(task, tmp_path):
     """On the data and slice stages' real outputs: no twin pair straddles train/val/test, test and every
     slice hold whole pairs, the nested subsets stay nested and exactly class-balanced; the manifest says so."""
-    raw = {"tasks": {"names": [task], task: {"n": 800}},
-           "slice": {"train_sizes": [40, 100, 200], "val_size": 60, "test_size": 120},
-           "train": {"tasks": [task], "size": 40, "curve": {"tasks": [task], "sizes": [40]}},
-           "distill": {"tasks": [task]}}
+    raw = stage_params(task, 800, {"train_sizes": [40, 100, 200], "val_size": 60, "test_size": 120})
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(raw))
     data, out = tmp_path / "tasks", tmp_path / "slices"
@@ -162,11 +170,7 @@ def test_manifest_records_sizes_counts_hashes_and_ranges():
 
 
 def test_slice_stage_end_to_end(tmp_path, capsys):
-    raw = {"tasks": {"names": ["relation"], "relation": {"n": 600}},
-           "slice": {"train_sizes": [50, 100], "val_size": 50, "test_size": 100},
-           # the training grid must only use generated tasks and sliced sizes
-           "train": {"tasks": ["relation"], "size": 50, "curve": {"tasks": ["relation"], "sizes": [50]}},
-           "distill": {"tasks": ["relation"]}}
+    raw = stage_params("relation", 600, {"train_sizes": [50, 100], "val_size": 50, "test_size": 100})
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(raw))
     data = tmp_path / "tasks" / "relation"
@@ -188,7 +192,7 @@ def test_slice_stage_end_to_end(tmp_path, capsys):
     assert man["source"]["labels_sha256"] == meta["sha256"]["labels"] and man["twin_aware"] is True
 
     # Too large a training size: one line naming the key, no output folder.
-    raw["slice"]["train_sizes"] = [50, 10_000]
+    raw["slice"]["train_sizes"] = [50, 100, 10_000]
     params.write_text(yaml.safe_dump(raw))
     fresh = tmp_path / "fresh"
     assert slice_stage.main(["--params", str(params), "--task", "relation", "--data", str(data),
@@ -199,7 +203,7 @@ def test_slice_stage_end_to_end(tmp_path, capsys):
     # Labels modified after generation: refused.
     labels = np.load(data / "labels.npy")
     np.save(data / "labels.npy", 1 - labels)
-    raw["slice"]["train_sizes"] = [50]
+    raw["slice"]["train_sizes"] = [50, 100]
     params.write_text(yaml.safe_dump(raw))
     assert slice_stage.main(["--params", str(params), "--task", "relation", "--data", str(data),
                              "--out", str(fresh)]) == 2

@@ -211,7 +211,7 @@ def test_arrangement_twins_are_the_same_multiset_of_patches():
 ])
 def test_bad_params_name_the_key(raw, key):
     with pytest.raises(ConfigError) as err:
-        parse_params(raw)
+        parse_params(tiny_repo.params_with(raw))
     assert "\n" not in str(err.value) and key in str(err.value), str(err.value)
 
 
@@ -289,11 +289,12 @@ def test_resize_is_exact_block_mean():
 
 # --------------------------------------------------------------------------- stage
 def tiny_params(tmp_path: Path, **tasks) -> Path:
-    raw = {"tasks": {"names": SYNTHETIC + ["natural"],
-                     **{t: {"n": 400} for t in SYNTHETIC}, **tasks},
-           "slice": {"train_sizes": [40, 80], "val_size": 40, "test_size": 60},
-           # the training grid must only use generated tasks and sliced sizes
-           "train": {"size": 40, "curve": {"sizes": [40]}}}
+    raw = tiny_repo.params_with({
+        "tasks": {"names": SYNTHETIC + ["natural"], **{t: {"n": 400} for t in SYNTHETIC}, **tasks},
+        "slice": {"train_sizes": [40, 80], "val_size": 40, "test_size": 60},
+        # the training grid must only use generated tasks and sliced sizes
+        "train": {"size": 40, "grids": {"curve": {"archs": ["resnet"], "tasks": ["alignment"], "sizes": [40]}}},
+        "distill": {"teacher_size": 80}})
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
@@ -341,7 +342,8 @@ def test_natural_stage_records_archive_hash_and_missing_archive_leaves_nothing(t
 
 
 def test_natural_params_pool_size():
-    assert NaturalParams.model_validate({**REPO.tasks.natural.model_dump(), "per_class_train": 3, "per_class_test": 2}).n == 50
+    natural = {**REPO.tasks.natural.model_dump(), "per_class_train": 3, "per_class_test": 2}
+    assert NaturalParams.model_validate(natural).n == 50
 
 
 @pytest.mark.parametrize("shape", ["square", "frame", "triangle", "plus", "disc", "diamond"])

@@ -136,7 +136,21 @@ def readme(*, commit: str, date: str, level: float, scale: str, sentences: list[
     for path, (title, caption) in figures.items():
         lines += [f"### {title}", "", f"![{title}]({path})", "", caption, ""]
     lines += ["## Other stages' reports", "", *[f"- [{k}]({v})" for k, v in links.items()], ""]
+    lines += BROWSE
     return "\n".join(lines)
+
+
+# The tools a reader opens; the screenshots are taken and checked by `python -m bench.screenshots`.
+BROWSE = [
+    "## Browse the runs", "",
+    "`make mlflow-ui`, then open an experiment's runs with the headline columns (test accuracy, in- and "
+    "out-of-distribution slices, budget): `http://127.0.0.1:5000/#/experiments/<id>/runs?viewStateShareKey=headline`. "
+    "Every run of a stage invocation is nested under one parent run; a student's run carries its teacher's run id, "
+    "artifact and sha256. `dvc plots show` draws every plot offline.", "",
+    "![MLflow runs table](screens/mlflow_runs.png)", "", "![A distilled student's run](screens/mlflow_student.png)",
+    "", "![DVC plots](screens/dvc_plots.png)", "",
+    "Taken and checked (DOM assertions) by `python -m bench.screenshots --store mlflow.db --out reports/screens`.", "",
+]
 
 
 def nan_to_none(obj):

@@ -13,22 +13,19 @@ import pandas as pd
 import torch
 
 from pipeline.archs import ARCHS
-from pipeline.config import load_params
 from pipeline.errors import StageError
-from pipeline.stages.common import stage_main
+from pipeline.stages.common import parse_stage, stage_main
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--params", default="params.yaml")
     p.add_argument("--report", type=Path, required=True)
-    return p.parse_args(argv)
+    return p
 
 
 @stage_main
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    params = load_params(args.params)
+    args, params = parse_stage(parser(), argv)
     from pipeline import budget
     from pipeline.io import write_text, write_with
     from pipeline.models import build_model, swin_block_layout

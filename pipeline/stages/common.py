@@ -53,6 +53,8 @@ def quiet_lightning() -> None:
     import logging
     import warnings
 
+    import lightning.pytorch  # noqa: F401 - its import sets these loggers to INFO: import first, then lower them
+
     for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
         logging.getLogger(name).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*(LeafSpec|logging interval|does not have many workers).*")

@@ -11,30 +11,25 @@ import time
 
 import numpy as np
 
-from pipeline.config import NaturalParams, load_params
-from pipeline.errors import ConfigError
+from pipeline.config import NaturalParams
 from pipeline.io import atomic_dir, save_figure, sha256_bytes, sha256_file, write_json
-from pipeline.stages.common import stage_main
+from pipeline.stages.common import parse_stage, stage_main
 from pipeline.tasks import TASKS
 from pipeline.tasks.natural import candidate_paths, resolve_path
 from pipeline.tasks.preview import sample_grid
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--task", required=True)
     ap.add_argument("--out", required=True, help="folder for this task's arrays (data/tasks/<task>)")
     ap.add_argument("--samples", help="PNG sample grid (reports/samples/<task>.png)")
-    return ap.parse_args(argv)
+    return ap
 
 
 @stage_main
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    params = load_params(args.params)
-    if args.task not in params.tasks.names:
-        raise ConfigError(f"{args.params}: tasks.names: {args.task!r} is not an enabled task {params.tasks.names}")
+    args, params = parse_stage(parser(), argv, {"task": "tasks.names"})
     cfg, spec, geo = getattr(params.tasks, args.task), TASKS[args.task], params.geometry
     start = time.perf_counter()
     data = spec.generate(cfg.n, params.seed, geo, cfg)

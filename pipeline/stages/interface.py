@@ -13,12 +13,11 @@ from pathlib import Path
 import torch
 
 from pipeline import io
-from pipeline.config import load_params
 from pipeline.errors import StageError
 from pipeline.interface import report, study
 from pipeline.interface.checks import summary
 from pipeline.models import ARCHS, build_model
-from pipeline.stages.common import stage_main
+from pipeline.stages.common import parse_stage, stage_main
 from pipeline.tracking import stage_run
 
 FIGURES = {"nullity": "nullity.png", "permutation": "permutation.png", "pairs": "pairs.png",
@@ -26,18 +25,16 @@ FIGURES = {"nullity": "nullity.png", "permutation": "permutation.png", "pairs": 
 REPORT_COPIES = ("reachability.csv", "reachability.json")  # the prediction, beside the report
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--out", required=True, help="directory for machine-readable results")
     ap.add_argument("--report", required=True, help="directory for interface.md and figures")
-    return ap.parse_args(argv)
+    return ap
 
 
 @stage_main
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    params = load_params(args.params)
+    args, params = parse_stage(parser(), argv)
     torch.set_num_threads(1)  # after imports (docs/design.md §8); also keeps float sums bit-reproducible
     out, rep = Path(args.out), Path(args.report)
 

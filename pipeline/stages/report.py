@@ -11,19 +11,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeline.config import load_params
 from pipeline.errors import StageError
 from pipeline.report import ledger, pages, sources
-from pipeline.stages.common import stage_main
+from pipeline.stages.common import parse_stage, stage_main
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--params", default="params.yaml")
     for name in ("runs", "teachers", "interface", "tasks", "slices", "shortcuts"):
         ap.add_argument(f"--{name}", type=Path, default=None)
     ap.add_argument("--out", type=Path, required=True, help="reports directory (README.md, tables/, figures/)")
-    return ap.parse_args(argv)
+    return ap
 
 
 def configured(m: dict, params) -> bool:
@@ -36,8 +34,7 @@ def configured(m: dict, params) -> bool:
 
 @stage_main
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    params = load_params(args.params)
+    args, params = parse_stage(parser(), argv)
     records = [m for m in (sources.read_metrics(args.runs, "runs")
                            + sources.read_metrics(args.teachers, "teachers")) if configured(m, params)]
     if not records:

@@ -14,11 +14,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeline.config import load_params
 from pipeline.errors import ConfigError, StageError
 from pipeline.io import atomic_dir, save_npz, sha256_bytes, sha256_file, write_json
 from pipeline.slicing import make_splits, manifest
-from pipeline.stages.common import stage_main
+from pipeline.stages.common import parse_stage, stage_main
 from pipeline.tasks import TASKS
 
 
@@ -34,21 +33,17 @@ def load_task(folder: Path) -> tuple[np.ndarray, pd.DataFrame, dict]:
     return labels, factors, meta
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--task", required=True)
     ap.add_argument("--data", required=True, help="the task's folder from the data stage")
     ap.add_argument("--out", required=True, help="folder for indices.npz and manifest.json")
-    return ap.parse_args(argv)
+    return ap
 
 
 @stage_main
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    params = load_params(args.params)
-    if args.task not in params.tasks.names:
-        raise ConfigError(f"{args.params}: tasks.names: {args.task!r} is not an enabled task {params.tasks.names}")
+    args, params = parse_stage(parser(), argv, {"task": "tasks.names"})
     data = Path(args.data)
     labels, factors, meta = load_task(data)
     spec = TASKS[args.task]

@@ -1,0 +1,103 @@
+"""Where a full ``dvc repro``'s wall time went: per stage, and per run inside the training stages.
+
+    python -m bench.repro_breakdown --log repro.log --repo <reproduced repo> [--out reports]
+
+``--log`` is the console of the repro with a Unix timestamp prefixed to every line (for example
+``make repro | while read l; do echo "$(date +%s.%N) $l"; done``). A stage lasts from its ``Running stage``
+line to the next one (the last one to the final line). Inside a training stage the runs' own
+``metrics.json`` say how long each fit took and which share of it was optimizer steps
+(``measured.phases_s``, :class:`pipeline.train.PhaseTimer`); the rest of the stage's wall time (process start,
+imports, the Dask cluster, evaluation, writing outputs, MLflow) is its overhead. Writes
+``repro_timing.json`` (what ``python -m bench`` renders into performance.md) and ``repro_breakdown.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from pipeline.io import write_json, write_text
+
+STAGE = re.compile(r"Running stage '([^']+)'")
+
+
+def stage_times(log: Path) -> tuple[dict[str, float], float]:
+    """{stage: seconds} and the total from the first stage's start to the last line."""
+    stamps = []
+    for line in log.read_text(errors="replace").splitlines():
+        stamp, _, text = line.partition(" ")
+        try:
+            stamps.append((float(stamp), text))
+        except ValueError:
+            continue
+    starts = [(t, m.group(1)) for t, text in stamps if (m := STAGE.search(text))]
+    if not starts:
+        raise SystemExit(f"error: {log}: no 'Running stage' line")
+    ends = [t for t, _ in starts[1:]] + [stamps[-1][0]]
+    times = {name: round(end - t, 1) for (t, name), end in zip(starts, ends, strict=True)}
+    return times, round(stamps[-1][0] - starts[0][0], 1)
+
+
+def run_rows(repo: Path) -> pd.DataFrame:
+    """One row per trained run: its stage family, arch, fit wall time and step seconds."""
+    rows = []
+    for path in sorted((repo / "data").glob("*/**/metrics.json")):
+        m = json.loads(path.read_text())
+        measured = m.get("measured", {})
+        phases = measured.get("phases_s") or {}
+        family = path.relative_to(repo / "data").parts[0]  # runs | teachers
+        stage = "teacher" if family == "teachers" else ("distill" if m.get("teacher") else "train")
+        rows.append({"stage": f"{stage}@{m['arch']}", "arch": m["arch"],
+                     "fit_s": phases.get("fit", measured.get("wall_time_s", 0.0)), "steps_s": phases.get("steps", 0.0),
+                     "optimizer_steps": m.get("budget", {}).get("optimizer_steps")})
+    return pd.DataFrame(rows)
+
+
+def breakdown(times: dict[str, float], runs: pd.DataFrame, workers: int) -> pd.DataFrame:
+    per_stage = runs.groupby("stage").agg(runs=("fit_s", "size"), fit_s=("fit_s", "sum"), steps_s=("steps_s", "sum"))
+    table = pd.DataFrame({"wall_s": pd.Series(times)}).join(per_stage, how="left").fillna(0)
+    table["worker_s"] = table.wall_s * workers
+    # Share of the stage's worker time spent in optimizer steps (2 workers: the stage's wall time twice over).
+    table["steps_share"] = (table.steps_s / table.worker_s).where(table.runs > 0)
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--log", type=Path, required=True)
+    ap.add_argument("--repo", type=Path, required=True)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=Path("reports"))
+    args = ap.parse_args(argv)
+    times, total = stage_times(args.log)
+    runs = run_rows(args.repo)
+    table = breakdown(times, runs, args.workers)
+    write_json(args.out / "repro_timing.json", {**times, "total": total})
+    train = table[table.runs > 0]
+    per_arch = runs.groupby("arch").agg(runs=("fit_s", "size"), mean_fit_s=("fit_s", "mean"),
+                                        steps_share_of_fit=("steps_s", "sum"))
+    per_arch["steps_share_of_fit"] = per_arch.steps_share_of_fit / runs.groupby("arch").fit_s.sum()
+    lines = [
+        "# Full `dvc repro`: where the wall time went", "",
+        "Written by `python -m bench.repro_breakdown` from the timestamped console of one fresh-clone `make repro` "
+        f"(installation excluded) and the runs' metrics. First stage start to the end: **{total / 60:.1f} min**. "
+        f"Training stages: {train.wall_s.sum() / 60:.1f} min of wall time; their {int(train.runs.sum())} runs spent "
+        f"{train.steps_s.sum() / 60:.1f} worker-minutes in optimizer steps out of {train.worker_s.sum() / 60:.1f} "
+        f"({train.steps_s.sum() / max(train.worker_s.sum(), 1e-9):.0%}) with {args.workers} workers; the rest is "
+        "process start and imports, the Dask cluster, evaluation (natural-image subgroups and the resolution sweep "
+        "included), writing outputs and MLflow, and workers idle at a stage's end.", "",
+        "## Per stage", "", table.reset_index(names="stage").to_markdown(index=False, floatfmt=".2f"), "",
+        "## Per architecture (every run of the study)", "",
+        per_arch.reset_index().to_markdown(index=False, floatfmt=".3f"), "",
+    ]
+    write_text(args.out / "repro_breakdown.md", "\n".join(lines))
+    print(f"{total / 60:.1f} min total; wrote {args.out / 'repro_timing.json'} and {args.out / 'repro_breakdown.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
