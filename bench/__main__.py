@@ -334,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
               f"ratio {r.ratio:.3f}", flush=True)
     matmul = matmul_flops_per_s(repeats=5 if small else 20)
     print(f"fp32 matmul: {matmul / 1e9:.1f} GFLOP/s (1 thread)")
-    data = {t: data_speed.throughput(t, data_n, params.geometry, 1 if small else 3) for t in data_speed.SYNTHETIC}
+    repeats_data = 1 if small else 3
+    data = {t: data_speed.throughput(t, data_n, params.geometry, repeats_data, params) for t in data_speed.SYNTHETIC}
     print("data images/s: " + ", ".join(f"{t} {v:,.0f}" for t, v in data.items()))
 
     dvc = None

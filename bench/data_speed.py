@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
-from pipeline.config import Geometry, Params
+from pipeline.config import Geometry, Params, load_params
 from pipeline.tasks import TASKS
 
 SYNTHETIC = ["alignment", "scale", "relation", "arrangement"]
 
 
-def throughput(task: str, n: int, geometry: Geometry, repeats: int) -> float:
-    """Images per second of one ``generate`` call (best of ``repeats``)."""
-    cfg = getattr(Params().tasks, task)
+def throughput(task: str, n: int, geometry: Geometry, repeats: int, params: Params) -> float:
+    """Images per second of one ``generate`` call (best of ``repeats``) at ``params``' task settings."""
+    cfg = getattr(params.tasks, task)
     best = float("inf")
     for r in range(repeats):
         start = time.perf_counter()
@@ -33,9 +34,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args(argv)
     geometry = Geometry(image_size=args.size, patch_size=4, channels=3)
+    params = load_params(Path(__file__).resolve().parents[1] / "params.yaml")
     print(f"{'task':<12} {'images/s':>12}   ({args.n} images of {args.size}x{args.size}, best of {args.repeats})")
     for task in SYNTHETIC:
-        print(f"{task:<12} {throughput(task, args.n, geometry, args.repeats):>12,.0f}")
+        print(f"{task:<12} {throughput(task, args.n, geometry, args.repeats, params):>12,.0f}")
 
 
 if __name__ == "__main__":

@@ -11,8 +11,6 @@ import tiny_repo
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.xfail(strict=True, reason="bench/data_speed.py:20 builds Params() but the schema has no "
-                   "defaults now: take the task config from the loaded params")
 def test_bench_small_mode_writes_the_report(reproduced_repo, tmp_path):
     out = tmp_path / "performance.md"
     proc = subprocess.run([sys.executable, "-m", "bench", "--small", "--archs", "vit", "resnet",

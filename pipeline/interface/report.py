@@ -88,26 +88,11 @@ def reachability_figure(dist: pd.DataFrame):
 # --------------------------------------------------------------------------- markdown
 def markdown(tables: dict[str, pd.DataFrame], checks: list[Check], key: dict[str, float],
              figures: dict[str, str]) -> str:
+    """interface.md: the summary, then one section per family of checks."""
     s = summary(checks)
     fam = pd.DataFrame([{"family": f, "checked": s[f"{f}.checked"], "held": s[f"{f}.held"]}
                         for f in sorted({c.family for c in checks})])
     failed = [c for c in checks if not c.held]
-    perm, vit = tables["permutation"], tables["vit_permutation"]
-    perm_sum = perm.groupby(["module", "n"], sort=False).apply(lambda g: pd.Series({
-        "permutations": str(len(g)), "max f(PX) vs P f(X)": g.equivariance.max(),
-        "max mean-pool": g.mean_pool.max(), "max joint": g.joint.max(),
-        "min break (non-identity)": g[~g.identity].position_break.min()}), include_groups=False).reset_index()
-    vit_sum = vit.groupby("variant", sort=False).apply(lambda g: pd.Series({
-        "permutations": str(len(g)), "max logit change": g.logits.max(),
-        "min logit change (non-identity)": g[~g.identity].logits.min(),
-        "max with positions permuted along": g.joint.max()}), include_groups=False).reset_index()
-    dist = tables["reachability"]
-    cell = dist.assign(cell=lambda d: [f"{b}-{w}" if w != UNREACHABLE else f"{b}-never"
-                                       for b, w in zip(d.best, d.worst, strict=True)])
-    reach_pivot = cell.pivot(index="chebyshev", columns="arch", values="cell")[list(dict.fromkeys(dist.arch))]
-    reach_pivot = reach_pivot.reset_index().rename(columns={"chebyshev": "distance px"})
-    pairs = tables["pairs"]
-    layers = tables["reachability_layers"]
 
     def fig(name: str, alt: str) -> str:
         return f"![{alt}]({figures[name]})\n\n*{CAPTION}*"
@@ -127,7 +112,15 @@ def markdown(tables: dict[str, pd.DataFrame], checks: list[Check], key: dict[str
     ]
     if failed:
         out += ["Failed checks:", "", _md(pd.DataFrame([c.row() for c in failed])), ""]
-    out += [
+    out += _nullspace_section(tables, key, fig) + _permutation_section(tables, fig)
+    out += _pairs_section(tables, fig) + _reachability_section(tables, fig)
+    if "position_contract" in tables:
+        out += _position_section(tables["position_contract"], [c for c in checks if c.family == "position"])
+    return "\n".join(out)
+
+
+def _nullspace_section(tables: dict[str, pd.DataFrame], key: dict[str, float], fig) -> list[str]:
+    return [
         "## Key numbers", "", _md(pd.DataFrame({"quantity": list(key), "value": list(key.values())}), ".6g"), "",
         "## Null space of the patch embedding",
         "",
@@ -155,6 +148,20 @@ def markdown(tables: dict[str, pd.DataFrame], checks: list[Check], key: dict[str
         "",
         _md(tables["patchify"], ".2e"),
         "",
+    ]
+
+
+def _permutation_section(tables: dict[str, pd.DataFrame], fig) -> list[str]:
+    perm, vit = tables["permutation"], tables["vit_permutation"]
+    perm_sum = perm.groupby(["module", "n"], sort=False).apply(lambda g: pd.Series({
+        "permutations": str(len(g)), "max f(PX) vs P f(X)": g.equivariance.max(),
+        "max mean-pool": g.mean_pool.max(), "max joint": g.joint.max(),
+        "min break (non-identity)": g[~g.identity].position_break.min()}), include_groups=False).reset_index()
+    vit_sum = vit.groupby("variant", sort=False).apply(lambda g: pd.Series({
+        "permutations": str(len(g)), "max logit change": g.logits.max(),
+        "min logit change (non-identity)": g[~g.identity].logits.min(),
+        "max with positions permuted along": g.joint.max()}), include_groups=False).reset_index()
+    return [
         "## Permutation equivariance and the position signal",
         "",
         "Content-only token mixers (timm `Attention`, ViT `Block`; float64): permuting the input tokens "
@@ -176,6 +183,12 @@ def markdown(tables: dict[str, pd.DataFrame], checks: list[Check], key: dict[str
         "",
         fig("permutation", "permutation defects"),
         "",
+    ]
+
+
+def _pairs_section(tables: dict[str, pd.DataFrame], fig) -> list[str]:
+    pairs = tables["pairs"]
+    return [
         "## Candidate query-key pairs",
         "",
         "A candidate pair is an ordered (query, key) pair of real tokens whose attention weight can be "
@@ -191,6 +204,17 @@ def markdown(tables: dict[str, pd.DataFrame], checks: list[Check], key: dict[str
         "",
         fig("pairs", "pair counts"),
         "",
+    ]
+
+
+def _reachability_section(tables: dict[str, pd.DataFrame], fig) -> list[str]:
+    dist = tables["reachability"]
+    cell = dist.assign(cell=lambda d: [f"{b}-{w}" if w != UNREACHABLE else f"{b}-never"
+                                       for b, w in zip(d.best, d.worst, strict=True)])
+    reach_pivot = cell.pivot(index="chebyshev", columns="arch", values="cell")[list(dict.fromkeys(dist.arch))]
+    reach_pivot = reach_pivot.reset_index().rename(columns={"chebyshev": "distance px"})
+    layers = tables["reachability_layers"]
+    return [
         "## Reachability (the prediction the training stages test)",
         "",
         "Each layer of each configured architecture is probed by autograd (float64, generic random "
@@ -215,9 +239,6 @@ def markdown(tables: dict[str, pd.DataFrame], checks: list[Check], key: dict[str
         _md(layers, ".2e"),
         "",
     ]
-    if "position_contract" in tables:
-        out += _position_section(tables["position_contract"], [c for c in checks if c.family == "position"])
-    return "\n".join(out)
 
 
 def _position_section(contract: pd.DataFrame, checks: list[Check]) -> list[str]:

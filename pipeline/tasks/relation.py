@@ -52,6 +52,30 @@ def cell_pairs(grid: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return i[order], j[order], dist[order]
 
 
+def _paint(has: np.ndarray, frame: np.ndarray, content: np.ndarray, jit: np.ndarray, p: int, g: int, mark: int,
+           noise: int, rng: np.random.Generator) -> np.ndarray:
+    """Twin-pair images (n, H, W, 3), twins adjacent: each marked cell gets a frame ring of its ``frame`` grey
+    and a core of its ``content`` colour (per twin), at its jitter ``jit`` (m, G^2, 2)."""
+    m = has.shape[0]
+    u = np.arange(p)[None, None, :, None] - jit[..., 0, None, None]
+    v = np.arange(p)[None, None, None, :] - jit[..., 1, None, None]
+    inside = has[..., None, None] & (u >= 0) & (u < mark) & (v >= 0) & (v < mark)
+    ring = inside & ((u == 0) | (u == mark - 1) | (v == 0) | (v == mark - 1))
+    core = inside & ~ring
+    # ring and core are disjoint 0/1 masks on a black background, so a sum of products paints exactly;
+    # per channel on whole planes (numpy is slow on a 3-long innermost axis), channels moved last once.
+    ring_px = ring.view(np.uint8) * frame[..., None, None]  # (m, G^2, P, P)
+    cells = np.empty((2, m, 3, g * g, p, p), dtype=np.uint8)
+    for c in range(3):
+        np.multiply(core.view(np.uint8)[None], content[..., c, None, None], out=cells[:, :, c])
+        cells[:, :, c] += ring_px[None]
+    if noise:  # one noise field per twin pair: the twins differ only in A's and B's colours
+        field = rng.integers(-noise, noise + 1, cells.shape[1:], dtype=np.int16)[None]
+        cells = np.clip(cells + field, 0, 255).astype(np.uint8)
+    # (2, m, C, G, G, P, P) -> (m, 2, G, P, G, P, C) = (n, H, W, C), twins adjacent
+    return cells.reshape(2, m, 3, g, g, p, p).transpose(1, 0, 3, 5, 4, 6, 2).reshape(2 * m, g * p, g * p, 3)
+
+
 def generate(n: int, seed: int, geometry: Geometry, cfg: RelationParams) -> TaskData:
     if n % 2:
         raise ValueError(f"relation: n must be even (samples come in label-swapped twins), got {n}")
@@ -88,23 +112,7 @@ def generate(n: int, seed: int, geometry: Geometry, cfg: RelationParams) -> Task
 
     # Pixels of every cell (m, G^2, P, P): frame ring and core of an M x M mark at its jitter.
     jit = rng.integers(0, p - mark + 1, (m, g * g, 2))
-    u = np.arange(p)[None, None, :, None] - jit[..., 0, None, None]
-    v = np.arange(p)[None, None, None, :] - jit[..., 1, None, None]
-    inside = has[..., None, None] & (u >= 0) & (u < mark) & (v >= 0) & (v < mark)
-    ring = inside & ((u == 0) | (u == mark - 1) | (v == 0) | (v == mark - 1))
-    core = inside & ~ring
-    # ring and core are disjoint 0/1 masks on a black background, so a sum of products paints exactly;
-    # per channel on whole planes (numpy is slow on a 3-long innermost axis), channels moved last once.
-    ring_px = ring.view(np.uint8) * frame[..., None, None]  # (m, G^2, P, P)
-    cells = np.empty((2, m, 3, g * g, p, p), dtype=np.uint8)
-    for c in range(3):
-        np.multiply(core.view(np.uint8)[None], content[..., c, None, None], out=cells[:, :, c])
-        cells[:, :, c] += ring_px[None]
-    if cfg.noise:  # one noise field per twin pair: the twins differ only in A's and B's colours
-        noise = rng.integers(-cfg.noise, cfg.noise + 1, cells.shape[1:], dtype=np.int16)[None]
-        cells = np.clip(cells + noise, 0, 255).astype(np.uint8)
-    # (2, m, C, G, G, P, P) -> (m, 2, G, P, G, P, C) = (n, H, W, C), twins adjacent
-    images = cells.reshape(2, m, 3, g, g, p, p).transpose(1, 0, 3, 5, 4, 6, 2).reshape(n, g * p, g * p, 3)
+    images = _paint(has, frame, content, jit, p, g, mark, cfg.noise, rng)
 
     ya, xa = (ca // g) * p + jit[ar, ca, 0], (ca % g) * p + jit[ar, ca, 1]
     yb, xb = (cb // g) * p + jit[ar, cb, 0], (cb % g) * p + jit[ar, cb, 1]
