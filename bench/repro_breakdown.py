@@ -25,21 +25,27 @@ from pipeline.io import write_json, write_text
 STAGE = re.compile(r"Running stage '([^']+)'")
 
 
-def stage_times(log: Path) -> tuple[dict[str, float], float]:
-    """{stage: seconds} and the total from the first stage's start to the last line."""
-    stamps = []
-    for line in log.read_text(errors="replace").splitlines():
-        stamp, _, text = line.partition(" ")
-        try:
-            stamps.append((float(stamp), text))
-        except ValueError:
-            continue
-    starts = [(t, m.group(1)) for t, text in stamps if (m := STAGE.search(text))]
-    if not starts:
-        raise SystemExit(f"error: {log}: no 'Running stage' line")
-    ends = [t for t, _ in starts[1:]] + [stamps[-1][0]]
-    times = {name: round(end - t, 1) for (t, name), end in zip(starts, ends, strict=True)}
-    return times, round(stamps[-1][0] - starts[0][0], 1)
+def stage_times(logs: list[Path]) -> tuple[dict[str, float], float]:
+    """{stage: seconds} summed over the logs (a repro interrupted and restarted leaves one log per attempt) and
+    the total, each log from its first stage's start to its last line."""
+    times: dict[str, float] = {}
+    total = 0.0
+    for log in logs:
+        stamps = []
+        for line in log.read_text(errors="replace").splitlines():
+            stamp, _, text = line.partition(" ")
+            try:
+                stamps.append((float(stamp), text))
+            except ValueError:
+                continue
+        starts = [(t, m.group(1)) for t, text in stamps if (m := STAGE.search(text))]
+        if not starts:
+            raise SystemExit(f"error: {log}: no 'Running stage' line")
+        ends = [t for t, _ in starts[1:]] + [stamps[-1][0]]
+        for (t, name), end in zip(starts, ends, strict=True):
+            times[name] = round(times.get(name, 0.0) + end - t, 1)
+        total += stamps[-1][0] - starts[0][0]
+    return times, round(total, 1)
 
 
 def run_rows(repo: Path) -> pd.DataFrame:
@@ -68,12 +74,13 @@ def breakdown(times: dict[str, float], runs: pd.DataFrame, workers: int) -> pd.D
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--log", type=Path, required=True)
+    ap.add_argument("--log", type=Path, nargs="+", required=True, help="one log per attempt, in order")
     ap.add_argument("--repo", type=Path, required=True)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("reports"))
     args = ap.parse_args(argv)
     times, total = stage_times(args.log)
+    attempts = len(args.log)
     runs = run_rows(args.repo)
     table = breakdown(times, runs, args.workers)
     write_json(args.out / "repro_timing.json", {**times, "total": total})
@@ -84,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# Full `dvc repro`: where the wall time went", "",
         "Written by `python -m bench.repro_breakdown` from the timestamped console of one fresh-clone `make repro` "
-        f"(installation excluded) and the runs' metrics. First stage start to the end: **{total / 60:.1f} min**. "
+        f"(installation excluded) and the runs' metrics, over {attempts} attempt(s) (an interrupted repro resumes: "
+        f"finished runs are kept, the others continue from their checkpoints). Stage time summed over the "
+        f"attempts: **{total / 60:.1f} min**. "
         f"Training stages: {train.wall_s.sum() / 60:.1f} min of wall time; their {int(train.runs.sum())} runs spent "
         f"{train.steps_s.sum() / 60:.1f} worker-minutes in optimizer steps out of {train.worker_s.sum() / 60:.1f} "
         f"({train.steps_s.sum() / max(train.worker_s.sum(), 1e-9):.0%}) with {args.workers} workers; the rest is "

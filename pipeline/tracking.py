@@ -77,6 +77,10 @@ def tracking_uri(params: Params | None = None, start: str | Path | None = None) 
     return f"sqlite:///{repo_root(start) / STORE_NAME}"
 
 
+# MLflow's tracking stores (database back ends through SQLAlchemy, or a tracking server).
+STORE_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql")
+
+
 def check_store(params: Params) -> str:
     """The tracking URI, once it is known to work: refuses a corrupt sqlite file or an unreachable server.
 
@@ -85,8 +89,14 @@ def check_store(params: Params) -> str:
     """
     uri = tracking_uri(params)
     key = "tracking.tracking_uri" if params.tracking.tracking_uri else "MLFLOW_TRACKING_URI / mlflow.db"
+    scheme = uri.split("://", 1)[0] if "://" in uri else ""
+    if scheme not in STORE_SCHEMES:
+        raise ConfigError(f"{key}: {uri!r} is not a tracking URI this pipeline can use "
+                          f"(scheme one of {', '.join(STORE_SCHEMES)}; e.g. sqlite:///<path>/mlflow.db)")
     if uri.startswith("sqlite:///"):
         path = Path(uri.removeprefix("sqlite:///"))
+        if blocker := next((d for d in path.parents if d.exists() and not d.is_dir()), None):
+            raise StageError(f"{blocker}: not a folder, so it cannot hold the MLflow store {path} ({key})")
         if path.exists() and path.stat().st_size and path.read_bytes()[:16] != SQLITE_MAGIC:
             raise StageError(f"{path}: not an SQLite MLflow store (corrupt?); move it aside and rerun "
                              "(a fresh store is created)")

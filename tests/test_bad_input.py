@@ -286,9 +286,9 @@ CASES = [
     # tracking: a corrupt store, a store that cannot be created, environment variables
     Case("mlflow-db-garbage", "train", write("mlflow.db", b"this is not a database\n" * 50), ("mlflow.db",)),
     Case("env-tracking-uri-scheme", "train", lambda ws: None, ("MLFLOW_TRACKING_URI",),
-         env=(("MLFLOW_TRACKING_URI", "bogus://nowhere"),), xfail="runcore fix"),
+         env=(("MLFLOW_TRACKING_URI", "bogus://nowhere"),)),
     Case("env-tracking-uri-under-a-file", "teacher", lambda ws: None, ("params.yaml",),
-         env=(("MLFLOW_TRACKING_URI", "sqlite:///{ws}/params.yaml/mlflow.db"),), xfail="runcore fix"),
+         env=(("MLFLOW_TRACKING_URI", "sqlite:///{ws}/params.yaml/mlflow.db"),)),
 ]
 
 # The train/distill stages check the files their runs read only after opening the stage's MLflow run(s) (and, for
@@ -344,7 +344,7 @@ def test_bad_input(case, copy_workspace, capsys, monkeypatch):
 def run_stage(stage: str, args: list[str], ws: Path, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}"}
     return subprocess.run([*prefix, sys.executable, "-m", f"pipeline.stages.{stage}", *args], env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=600)  # a teacher trains first
 
 
 # The stages that import torch take ~10 s to start on 2 cores: those run with the slow tests.
@@ -426,7 +426,8 @@ def test_two_repros_at_once_second_is_refused(make_tiny_repo):
     """DVC's repository lock: a second ``dvc repro`` while one runs fails at once with a clear message, and the
     first finishes with every output intact."""
     repo = make_tiny_repo()
-    first = subprocess.Popen([str(tiny_repo.VENV_BIN / "dvc"), "repro", "slice@alignment"], cwd=repo,
+    # The first repro goes on to train (tens of seconds), so it surely holds the lock when the second starts.
+    first = subprocess.Popen([str(tiny_repo.VENV_BIN / "dvc"), "repro", "train@resnet"], cwd=repo,
                              env=tiny_repo.env(repo), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              start_new_session=True)
     try:
