@@ -425,9 +425,10 @@ def test_prune_after_shrinking_tasks(copy_workspace, capsys):
 def test_two_repros_at_once_second_is_refused(make_tiny_repo):
     """DVC's repository lock: a second ``dvc repro`` while one runs fails at once with a clear message, and the
     first finishes with every output intact."""
-    repo = make_tiny_repo()
-    # The first repro goes on to train (tens of seconds), so it surely holds the lock when the second starts.
-    first = subprocess.Popen([str(tiny_repo.VENV_BIN / "dvc"), "repro", "train@resnet"], cwd=repo,
+    # A large pool makes the first repro's data stage take seconds, so it surely still holds that stage's lock when
+    # the second (which needs the same outputs) starts; DVC locks per stage, not for a whole repro.
+    repo = make_tiny_repo("repo", {"tasks": {"alignment": {"n": 400_000}}})
+    first = subprocess.Popen([str(tiny_repo.VENV_BIN / "dvc"), "repro", "slice@alignment"], cwd=repo,
                              env=tiny_repo.env(repo), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              start_new_session=True)
     try:
