@@ -58,8 +58,8 @@ def argv(stage: str, ws: Path, **extra: str) -> list[str]:
     return [str(x) for kv in opts.items() for x in kv]
 
 
-def edit(key: str, value) -> Callable[[Path], None]:
-    """Set dotted ``key`` of the workspace's params.yaml."""
+def _change(key: str, change: Callable[[dict, str], None]) -> Callable[[Path], None]:
+    """Apply ``change(parent, last)`` at dotted ``key`` of the workspace's params.yaml."""
     def apply(ws: Path) -> None:
         path = ws / "params.yaml"
         params = yaml.safe_load(path.read_text())
@@ -67,9 +67,19 @@ def edit(key: str, value) -> Callable[[Path], None]:
         node = params
         for k in parents:
             node = node[k]
-        node[last] = value
+        change(node, last)
         path.write_text(yaml.safe_dump(params, sort_keys=False))
     return apply
+
+
+def edit(key: str, value) -> Callable[[Path], None]:
+    """Set dotted ``key`` of the workspace's params.yaml."""
+    return _change(key, lambda node, last: node.__setitem__(last, value))
+
+
+def drop(key: str) -> Callable[[Path], None]:
+    """Remove dotted ``key`` from the workspace's params.yaml."""
+    return _change(key, lambda node, last: node.__delitem__(last))
 
 
 def write(rel: str, content: bytes) -> Callable[[Path], None]:
@@ -91,20 +101,6 @@ def truncate(rel: str) -> Callable[[Path], None]:
     def apply(ws: Path) -> None:
         data = (ws / rel).read_bytes()
         (ws / rel).write_bytes(data[: len(data) // 2])
-    return apply
-
-
-def drop(key: str) -> Callable[[Path], None]:
-    """Remove dotted ``key`` from the workspace's params.yaml."""
-    def apply(ws: Path) -> None:
-        path = ws / "params.yaml"
-        params = yaml.safe_load(path.read_text())
-        *parents, last = key.split(".")
-        node = params
-        for k in parents:
-            node = node[k]
-        del node[last]
-        path.write_text(yaml.safe_dump(params, sort_keys=False))
     return apply
 
 
