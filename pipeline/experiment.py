@@ -32,6 +32,7 @@ from pipeline.executor import RunFailed, map_runs
 from pipeline.grid import RunSpec
 from pipeline.io import write_json, write_with
 from pipeline.provenance import (
+    PROVENANCE,
     WEIGHTS,
     code_sha256,
     data_provenance,
@@ -77,6 +78,11 @@ def load_split(spec: RunSpec):
     if images.ndim != 4 or images.dtype != np.uint8 or len(images) != len(labels):
         raise StageError(f"{files['images']}: expected uint8 (N,H,W,C) matching labels, got "
                          f"{images.dtype} {images.shape} vs {labels.shape}")
+    source = manifest.get("source", {}) if isinstance(manifest, dict) else {}
+    if source.get("images_sha256") != meta.get("sha256", {}).get("images"):
+        # valid files, but the slices describe another generation of the pool (data regenerated after slicing)
+        raise StageError(f"{files['indices']}: sliced from other images than {files['images']} "
+                         f"(manifest.json source.images_sha256 differs from meta.json); rerun the slice stage")
     split = Split(images=images, labels=labels.astype(np.int64), indices=indices,
                   num_classes=int(meta["num_classes"]))
     return split, manifest
@@ -116,6 +122,28 @@ def training_indices(spec: RunSpec, split, params: Params) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- prepare (stage process)
+def check_inputs(specs: list[RunSpec], params: Params) -> None:
+    """Read every file the runs will read, before any MLflow run or checkpoint is touched.
+
+    A refusal is then one line and changes nothing: data, slices, training subsets, and each teacher
+    (readable, its sha256 as recorded, trained on these images).
+    """
+    splits, teachers = {}, set()
+    for spec in specs:
+        where = (spec.data_dir, spec.slices_dir)
+        if where not in splits:
+            splits[where] = load_split(spec)
+        split, manifest = splits[where]
+        training_indices(spec, split, params)
+        if spec.teacher_dir is None or (spec.teacher_dir, spec.key.task) in teachers:
+            continue
+        teachers.add((spec.teacher_dir, spec.key.task))
+        record = load_teacher(spec.teacher_dir, spec.key.task, params, split.num_classes)[1]
+        if record.get("data_sha256") != data_provenance(manifest, np.empty(0))["data_sha256"]:
+            raise StageError(f"{spec.teacher_dir / spec.key.task / PROVENANCE}: the teacher was trained on other "
+                             f"images than {spec.data_dir} (data_sha256 differs); rerun the teacher stage")
+
+
 def identity(spec: RunSpec, params: Params) -> str:
     """Identity of a run: what it trains, the params it reads, the code, its teacher's weights.
 
@@ -381,7 +409,7 @@ def record(job: Job, result: dict, tracker: tracking.StageRun, run_id: str) -> d
     """Write the run's files (``metrics.json`` last: its presence marks the run finished) and log it."""
     import torch
 
-    from pipeline.provenance import PROVENANCE, teacher_record
+    from pipeline.provenance import teacher_record
 
     spec, ev = job.spec, result["evaluation"]
     metrics = compose(job, result, run_id)
@@ -446,6 +474,7 @@ def execute(specs: list[RunSpec], params: Params, stage: str, name: str, ckpt_ro
     """Run every spec (finished ones are kept) under one parent MLflow run; returns every run's metrics."""
     print(f"[{datetime.now():%H:%M:%S}] == {name}: {len(specs)} runs on {params.train.runtime.workers} worker(s)",
           flush=True)
+    check_inputs(specs, params)
     with tracking.stage_run(params, stage, name) as tracker:
         jobs, run_ids, results = _open(specs, params, tracker)
         pending = {j.spec.name: j for j in jobs}

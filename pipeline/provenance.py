@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -108,5 +109,10 @@ def load_teacher(teacher_dir: Path, task: str, params, num_classes: int):
         raise StageError(f"{weights}: sha256 {actual[:12]}... does not match the recorded teacher "
                          f"checkpoint {expected[:12]}... in {teacher_dir / task / PROVENANCE}; refusing to distill")
     model = build_model(record["model"], params, num_classes)
-    model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+    try:
+        model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+    except (pickle.UnpicklingError, RuntimeError, ValueError, EOFError, OSError, KeyError, AttributeError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise StageError(f"{weights}: not a {record['model']} checkpoint ({type(err).__name__}: {first[:120]}); "
+                         f"rerun the teacher stage") from None
     return model.eval().requires_grad_(False), record

@@ -86,7 +86,7 @@ def test_candidates_tried_in_order(tmp_path):
 def http_server(folder: Path):
     """A local HTTP server for ``folder`` on 127.0.0.1 (no network): the URL of its root."""
     handler = functools.partial(QuietHandler, directory=str(folder))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = QuietServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -94,6 +94,11 @@ def http_server(folder: Path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+class QuietServer(http.server.ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        """A client that hangs up early (the downloader after a refusal) is not the test's error; keep stderr to the stage's line."""
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
