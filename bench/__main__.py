@@ -41,9 +41,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from bench import data_speed, overheads
 from pipeline import budget
 from pipeline.config import Params
+from pipeline.learner import Classifier
 from pipeline.models import build_model
 from pipeline.stages.common import quiet_lightning
-from pipeline.train import Classifier
 from tests import tiny_repo
 
 LIGHTNING_GOAL, NOOP_GOAL_S = 1.10, 3.0
@@ -294,7 +294,7 @@ def render_phases(rows: list[dict]) -> list[str]:
     lines = ["", "## Where one run's wall time goes", "",
              "One run per arch at the params.yaml model and recipe, on random data of the task shape, through the "
              "pipeline's own DataModule/Classifier/callbacks, the Trainer settings of `pipeline/experiment.py` and "
-             "an MLflow logger on a fresh sqlite store (`python -m bench phases`; `pipeline.train.PhaseTimer` splits "
+             "an MLflow logger on a fresh sqlite store (`python -m bench phases`; `pipeline.learner.PhaseTimer` splits "
              "the fit). `imports` is a fresh interpreter's (paid once per worker process, not per run); "
              "`mlflow store` (table creation) once per repository. Goal: steps >= 85% of a run's wall time.", "",
              f"| arch | run steps | {head} | total | steps share | steps share without imports | "

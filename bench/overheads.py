@@ -1,7 +1,7 @@
 """Where one run's wall time goes: ``python -m bench.overheads [--arch vit] [--steps 200] [--repeat 2]``.
 
-One run built from the pipeline's own pieces (``pipeline.train``'s DataModule, Classifier, History and
-:class:`~pipeline.train.PhaseTimer`; the Trainer settings of ``pipeline.experiment.run``; an MLflow logger on a
+One run built from the pipeline's own pieces (``pipeline.learner``'s DataModule, Classifier, Curves and
+:class:`~pipeline.learner.PhaseTimer`; the Trainer settings of ``pipeline.experiment.run``; an MLflow logger on a
 throwaway sqlite store) on random 16-px data of the task's shape, timed by phase:
 imports (a fresh interpreter), data loading (``np.load`` + tensor conversion), model build, the fit split by
 :class:`PhaseTimer` (training steps, validation, checkpoints, loop/logging, setup), evaluation (test predictions
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-IMPORTS = ("import lightning, timm, torch, mlflow; import pipeline.experiment, pipeline.train, pipeline.models; "
+IMPORTS = ("import lightning, timm, torch, mlflow; import pipeline.experiment, pipeline.learner, pipeline.models; "
            "from lightning.pytorch.loggers import MLFlowLogger")
 
 
@@ -47,8 +47,8 @@ def one_run(params, arch: str, steps: int, folder: Path, n_train: int, n_val: in
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import MLFlowLogger
 
+    from pipeline.learner import ArrayData, Classifier, Curves, PhaseTimer, Split, predict
     from pipeline.models import build_model
-    from pipeline.train import ArrayData, Classifier, History, PhaseTimer, Split, predict
 
     r, rt = params.train.recipe, params.train.runtime
     phases = {}
@@ -74,12 +74,15 @@ def one_run(params, arch: str, steps: int, folder: Path, n_train: int, n_val: in
     phases["mlflow"] = time.perf_counter() - t
 
     timer = PhaseTimer()
-    ckpt = ModelCheckpoint(dirpath=folder / f"ckpt_{time.monotonic_ns()}", filename="last", save_top_k=1,
+    ckpt_dir = folder / f"ckpt_{time.monotonic_ns()}"
+    ckpt = ModelCheckpoint(dirpath=ckpt_dir, filename="last", save_top_k=1,
                            every_n_train_steps=rt.checkpoint_every_steps, enable_version_counter=False)
     trainer = L.Trainer(
         max_steps=steps, accelerator="cpu", devices=1, precision=rt.precision, deterministic=True,
         logger=logger if fit_logger else False,
-        callbacks=[timer, ckpt, History(arch, steps)], val_check_interval=min(rt.val_every_steps, steps),
+        callbacks=[timer, ckpt, Curves(arch, steps, rt.log_every_steps, rt.checkpoint_every_steps,
+                                       ckpt_dir / "last.ckpt")],
+        val_check_interval=min(rt.val_every_steps, steps),
         check_val_every_n_epoch=None, log_every_n_steps=rt.log_every_steps, gradient_clip_val=r.grad_clip or None,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
     trainer.fit(module, datamodule=data)

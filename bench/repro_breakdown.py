@@ -6,7 +6,7 @@
 ``make repro | while read l; do echo "$(date +%s.%N) $l"; done``). A stage lasts from its ``Running stage``
 line to the next one (the last one to the final line). Inside a training stage the runs' own
 ``metrics.json`` say how long each fit took and which share of it was optimizer steps
-(``measured.phases_s``, :class:`pipeline.train.PhaseTimer`); the rest of the stage's wall time (process start,
+(``measured.phases_s``, :class:`pipeline.learner.PhaseTimer`); the rest of the stage's wall time (process start,
 imports, the Dask cluster, evaluation, writing outputs, MLflow) is its overhead. Writes
 ``repro_timing.json`` (what ``python -m bench`` renders into performance.md) and ``repro_breakdown.md``.
 """

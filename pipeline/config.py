@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from pipeline.archs import ARCHS
 from pipeline.errors import ConfigError
+from pipeline.shapes import coinciding_shapes
 
 PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -283,6 +284,7 @@ class Report(Section):
     bootstrap_samples: Annotated[int, Field(ge=100)]  # hierarchical bootstrap replicates (seeded by `seed`)
     escape_threshold: Annotated[float, Field(gt=0, le=1)]  # a seed "escapes" when its test accuracy reaches this
     min_seeds_bimodal: Annotated[int, Field(ge=2)]  # a bimodal cell with fewer seeds is flagged "needs more seeds"
+    collision_items: PosInt  # test images per (task, seed) in the trained-weights collision check
 
 
 # --------------------------------------------------------------------------- tracking
@@ -341,8 +343,6 @@ class ScaleParams(SyntheticParams):
         _check_range("train_sizes", self.train_sizes, self.min_size, self.max_size)
         if self.min_size > self.max_size:
             raise ValueError(f"max_size: {self.max_size} is below min_size {self.min_size}")
-        from pipeline.tasks.scale import coinciding_shapes  # lazy: the task module imports this one
-
         if problem := coinciding_shapes(list(self.shapes), self.min_size, self.max_size):
             raise ValueError(f"min_size: {problem}")
         return self

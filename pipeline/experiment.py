@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 
 from pipeline import budget, tracking
@@ -56,7 +55,7 @@ class Job:
 # --------------------------------------------------------------------------- data
 def load_split(spec: RunSpec):
     """Arrays + indices for a task; every missing or inconsistent file is a one-line :class:`StageError`."""
-    from pipeline.train import Split
+    from pipeline.learner import Split
 
     files = {k: spec.data_dir / f for k, f in
              {"images": "images.npy", "labels": "labels.npy", "meta": "meta.json"}.items()}
@@ -208,50 +207,6 @@ def run_tags(spec: RunSpec, ident: str, params: Params) -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------- fit (worker)
-class Curves(L.Callback):
-    """Per-step train loss and learning rate (every ``log_every_steps``) and the validation curve.
-
-    Saved in every checkpoint, so a resumed run's curves are the whole run's curves.
-    """
-
-    def __init__(self, name: str, total: int, every: int, ckpt_every: int, ckpt: Path):
-        self.name, self.total, self.every, self.ckpt_every, self.ckpt = name, total, every, ckpt_every, ckpt
-        self.rows: list[dict] = []  # at each validation: step, train_loss, val_loss, val_acc, lr
-        self.series: list[dict] = []  # every `every` steps: step, train/loss, lr
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        step = trainer.global_step
-        if step % self.every == 0:
-            loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-            self.series.append({"step": step, "train/loss": float(loss), "lr": _lr(trainer)})
-
-    def on_validation_end(self, trainer, pl_module):
-        m = trainer.callback_metrics
-        row = {"step": trainer.global_step, "lr": _lr(trainer),
-               **{k.replace("/", "_"): float(m[k]) for k in ("train/loss", "val/loss", "val/acc") if k in m}}
-        self.rows.append(row)
-        if row["step"] % self.ckpt_every == 0 and row["step"] < self.total:
-            # The step's checkpoint was saved before this validation: save it again so it holds this row
-            # (else a run resumed from it would lack the row: validation at that step does not rerun).
-            trainer.save_checkpoint(self.ckpt)
-        print(f"  {self.name}: step {row['step']}/{self.total} val acc {row.get('val_acc', float('nan')):.3f}",
-              flush=True)
-
-    @property
-    def state_key(self) -> str:
-        return "Curves"  # one key for subclasses too, so any checkpoint restores the curves
-
-    def state_dict(self) -> dict:
-        return {"rows": self.rows, "series": self.series}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        self.rows, self.series = list(state_dict["rows"]), list(state_dict.get("series", []))
-
-
-def _lr(trainer) -> float:
-    return float(trainer.optimizers[0].param_groups[0]["lr"])
-
-
 def _trainer(job: Job, steps: int, callbacks: list):
     import lightning as L
 
@@ -276,8 +231,8 @@ def fit(job: Job) -> dict:
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
 
+    from pipeline.learner import ArrayData, Classifier, Curves, PhaseTimer
     from pipeline.models import build_model
-    from pipeline.train import ArrayData, Classifier, PhaseTimer
 
     spec, params = job.spec, job.params
     recipe, rt = params.train.recipe, params.train.runtime
@@ -333,7 +288,7 @@ def evaluate(model, split, batch_size: int, extra: dict[str, np.ndarray]) -> dic
     Shift consistency: does the prediction survive a (cyclic) one-pixel shift along x, which moves content
     across patch boundaries?
     """
-    from pipeline.train import predict, slice_accuracy
+    from pipeline.learner import predict, slice_accuracy
 
     test_idx = split.indices["test"]
     logits = predict(model, split.images[test_idx], batch_size)
@@ -350,9 +305,9 @@ def evaluate(model, split, batch_size: int, extra: dict[str, np.ndarray]) -> dic
 
 def evaluate_factors(model, spec: RunSpec, split, params: Params) -> dict:
     """The pre-specified test-set subgroups (natural images) and the resolution sweep (``evaluation``)."""
+    from pipeline.learner import predict
     from pipeline.resolution import evaluate_resolutions, native_for
     from pipeline.subgroups import evaluate_subgroups
-    from pipeline.train import predict
 
     ev, bs, task = params.evaluation, params.train.runtime.eval_batch_size, spec.key.task
     test_idx = split.indices["test"]

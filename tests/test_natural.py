@@ -98,7 +98,8 @@ def http_server(folder: Path):
 
 class QuietServer(http.server.ThreadingHTTPServer):
     def handle_error(self, request, client_address) -> None:
-        """A client that hangs up early (the downloader after a refusal) is not the test's error; keep stderr to the stage's line."""
+        """A client hanging up early (the downloader refusing the archive) is not the test's error: keep stderr
+        to the stage's one line."""
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -287,9 +288,9 @@ def test_area_resize_equals_the_data_stage_where_sizes_divide():
 def test_evaluate_resolutions_matches_plain_prediction_at_the_training_size(arch):
     import torch
 
+    from pipeline.learner import predict
     from pipeline.models import build_model
     from pipeline.resolution import evaluate_resolutions, resize_images
-    from pipeline.train import predict
 
     params = repo_params()
     torch.manual_seed(0)

@@ -181,6 +181,15 @@ def test_floor_rows_and_budget_pairs(tmp_path, params_path):
     assert "4000 steps: step 4000" in budget.context and "1000 steps: not reached" in budget.context
 
 
+def test_floor_never_comes_from_a_baseline_that_sees_the_factor():
+    floors = {"arrangement": {"floor": 0.5, "floor_baseline": "tokens_bag", "baselines": {
+        "tokens_bag": {"acc": 0.5, "uses_factor": False},
+        "tokens_pos": {"acc": 1.0, "uses_factor": True},  # sees the layout: the task's own factor
+        "nomix": {"acc": 0.6, "uses_factor": False}}}}
+    assert ledger.floor_of(floors, "arrangement") == (0.6, "nomix")
+    assert ledger.floor_of(floors, "arrangement", exclude=("nomix",)) == (0.5, "tokens_bag")
+
+
 def test_twin_check_is_exact():
     labels = np.array([0, 1, 0, 1])
     index = np.array([0, 1, 2, 3])

@@ -349,7 +349,7 @@ def test_natural_params_pool_size():
 @pytest.mark.parametrize("shape", ["square", "frame", "triangle", "plus", "disc", "diamond"])
 def test_every_shape_fills_its_box(shape):
     """So the size (and whether the object straddles a patch line) is what the pixels show."""
-    from pipeline.tasks.scale import shape_mask
+    from pipeline.shapes import shape_mask
 
     for s in range(3, 17):
         m = shape_mask(shape, s)

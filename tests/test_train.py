@@ -22,9 +22,9 @@ from pipeline.errors import StageError
 from pipeline.executor import RunFailed
 from pipeline.grid import RunKey, specs_for
 from pipeline.io import sha256_file
+from pipeline.learner import Classifier, distillation_loss
 from pipeline.models import build_model
 from pipeline.provenance import CODE, WEIGHTS, load_teacher
-from pipeline.train import Classifier, distillation_loss
 
 torch.set_num_threads(1)
 KEY = RunKey("alignment", "vit", 0, 128, 20, "steps")

@@ -8,6 +8,7 @@ rows. No file or MLflow I/O here: the stage writes and logs what :func:`run_all`
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -287,12 +288,20 @@ def position_study(params: Params, models: dict[str, torch.nn.Module]) -> Result
     return res
 
 
-def run_all(params: Params, models: dict[str, torch.nn.Module]) -> Results:
-    """Every family of checks; ``models`` are the configured architectures for reachability."""
+def run_all(params: Params, models: dict[str, torch.nn.Module], progress=print) -> Results:
+    """Every family of checks, one progress line each; ``models`` are the configured architectures."""
+    families = {"null space and collisions": lambda: nullspace_study(params),
+                "permutation equivariance": lambda: permutation_study(params),
+                "attention pair counts": lambda: pairs_study(params),
+                "reachability": lambda: reachability_study(params, models),
+                "position contract": lambda: position_study(params, models)}
     res = Results()
-    for part in (nullspace_study(params), permutation_study(params), pairs_study(params),
-                 reachability_study(params, models), position_study(params, models)):
+    for i, (name, family) in enumerate(families.items(), 1):
+        t0 = time.perf_counter()
+        part = family()
         res.add(part)
+        progress(f"  interface {i}/{len(families)} {name}: {sum(c.held for c in part.checks)} of "
+                 f"{len(part.checks)} checks held ({time.perf_counter() - t0:.1f} s)", flush=True)
     return res
 
 

@@ -74,7 +74,8 @@ FLOOR_ROWS = (
 )
 VERDICTS = ("held", "failed", "equivalent", "underpowered", "not run")
 # The README's findings, in this order (at most five are shown).
-FINDINGS = ("alignment", "arrangement", "relation", "distillation", "natural", "scale", "budget", "floors")
+FINDINGS = ("alignment", "arrangement", "relation", "distillation", "natural", "scale", "budget", "collisions",
+            "floors")
 
 
 def configured_cells(params) -> dict[str, set[str]]:
@@ -104,8 +105,38 @@ def plan(params) -> list[dict]:
     if "arrangement" in conf.get("vit_nopos", ()):
         rows.append({"id": "exact.vit_nopos.twins", "finding": "arrangement", "a": "vit_nopos", "b": "",
                      "task": "arrangement", "subset": "test", "kind": "exact", "expect": "= 0.5",
+                     "claim": "vit_nopos: twin-pair accuracy = 0.5 exactly, twin logits equal",
                      "isolates": "no position + mean readout: permutation-invariant logits, twins are permutations"})
     return rows
+
+
+def collision_rows(table: pd.DataFrame, exact_tol: float, atol: float) -> list[dict]:
+    """Two exact rows from the trained-weights null-space check (:mod:`.collisions`), over every task and seed:
+    the ViT's logits do not move (float64, within ``exact_tol``); the other model's do (by more than ``atol``)."""
+    if table is None or table.empty:
+        return []
+    tasks = ", ".join(sorted(set(table.task)))
+    other = str(table.other_arch.iloc[0])
+    vit, moved = float(table.vit_max_diff_f64.max()), float(table.other_max_diff_f64.min())
+    base = {"finding": "collisions", "kind": "exact", "task": tasks, "b": "", "subset": "test",
+            "seeds": int(table.seed.nunique()), "items": 0, "ci_lo": math.nan, "ci_hi": math.nan, "p": math.nan,
+            "floor": math.nan, "floor_baseline": "", "context": ""}
+    null = f"{int(table.null_dim.iloc[0])} of {int(table.D.iloc[0])} patch dimensions"
+    return [
+        {**base, "id": "exact.collision.vit", "a": "vit", "expect": "= 0", "exact": vit <= exact_tol,
+         "estimate": vit, "max_logit_diff": vit,
+         "isolates": f"patch projection: its null space ({null}) is invisible to the trained ViT",
+         "claim": f"vit logits unchanged by a null-space pattern in every patch (float64, |diff| <= {exact_tol:g})",
+         "detail": f"max |logit diff| {vit:.2g} (float64), {table.vit_max_diff_f32.max():.2g} (float32); "
+                   f"pixel change RMS {table.pixel_rms_grey_levels.mean():.0f} grey levels; "
+                   f"{len(table)} task x seed pairs"},
+        {**base, "id": f"exact.collision.{other}", "a": other, "expect": "> 0", "exact": moved > atol,
+         "estimate": moved, "max_logit_diff": moved,
+         "isolates": "the same pixel change, seen by overlapping convolutions",
+         "claim": f"{other} logits moved by the vit's null-space pattern (every pair: max |diff| > {atol:g})",
+         "detail": f"smallest max |logit diff| {moved:.3g}; predictions changed on "
+                   f"{table.other_flips.mean():.1%} of test items (vit: {table.vit_flips.mean():.1%})"},
+    ]
 
 
 def budget_rows(runs: pd.DataFrame, config: dict) -> list[dict]:
@@ -140,8 +171,10 @@ def budget_context(reach: pd.DataFrame, row: dict, config: dict) -> str:
 
 
 def floor_of(floors: dict, task: str, exclude: tuple[str, ...] = ()) -> tuple[float, str]:
-    """(floor accuracy, baseline name) of a task, leaving out the ``exclude`` baselines; NaN when absent."""
-    base = {k: v for k, v in (floors.get(task) or {}).get("baselines", {}).items() if k not in exclude}
+    """(floor accuracy, baseline name) of a task, leaving out the ``exclude`` baselines and those that see the
+    task's own factor (reported, never a floor); NaN when absent."""
+    base = {k: v for k, v in (floors.get(task) or {}).get("baselines", {}).items()
+            if k not in exclude and not v.get("uses_factor")}
     if not base:
         rec = floors.get(task) or {}
         return (float(rec["floor"]), rec.get("floor_baseline", "")) if "floor" in rec and not exclude \
@@ -220,7 +253,7 @@ def decide(table: pd.DataFrame, rp) -> pd.DataFrame:
 
 
 def judge(params, runs: pd.DataFrame, items: cells.Items, floors: dict, disagreement: dict,
-          seed: int) -> pd.DataFrame:
+          seed: int, collisions: pd.DataFrame | None = None) -> pd.DataFrame:
     """The ledger: one row per planned prediction with its measurement, Holm p-value and verdict."""
     rp, config = params.report, cells.main_config(runs)
     rows = []
@@ -236,9 +269,12 @@ def judge(params, runs: pd.DataFrame, items: cells.Items, floors: dict, disagree
         rows.append({"id": row["id"], "finding": row["finding"], "kind": row["kind"], "task": row["task"],
                      "a": row["a"], "b": row["b"], "subset": row["subset"], "expect": row["expect"],
                      "isolates": row["isolates"], "exact": False, "max_logit_diff": math.nan, **m,
-                     "context": ctx})
+                     "context": ctx, "claim": row.get("claim", ""), "detail": ""})
+    ip = params.interface
+    rows += collision_rows(collisions, ip.exact_tol, ip.atol)
     cols = ["id", "finding", "kind", "task", "a", "b", "subset", "expect", "isolates", "seeds", "items",
-            "estimate", "ci_lo", "ci_hi", "p", "floor", "floor_baseline", "exact", "max_logit_diff", "context"]
+            "estimate", "ci_lo", "ci_hi", "p", "floor", "floor_baseline", "exact", "max_logit_diff", "context",
+            "claim", "detail"]
     table = pd.DataFrame(rows, columns=cols)
     if table.empty:
         return table.assign(p_holm=[], verdict=[], needs_seeds=[])

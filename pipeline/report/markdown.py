@@ -69,7 +69,7 @@ def ledger_view(ledger: pd.DataFrame) -> pd.DataFrame:
 
     def what(r) -> str:
         if r.kind == "exact":
-            return f"{r.a}: twin-pair accuracy = 0.5 exactly, twin logits equal"
+            return r.claim
         other = f"floor ({r.floor_baseline})" if r.kind == "floor" else r.b
         claim = {"+": "> 0", "0": "= 0 (within the margin)", "<=": "<= 0 (at most the floor)"}[r.expect]
         return f"{r.a} - {other} on {r.subset} {claim}"
@@ -77,6 +77,8 @@ def ledger_view(ledger: pd.DataFrame) -> pd.DataFrame:
     def measured(r) -> str:
         if r.verdict == "not run":
             return "-"
+        if r.kind == "exact" and r.detail:
+            return r.detail
         if r.kind == "exact":
             return f"pair accuracy {r.estimate:.4f} (min {r.ci_lo:.4f}, max {r.ci_hi:.4f}); max logit diff " \
                    f"{r.max_logit_diff:.2g} ({r.seeds} seeds)"

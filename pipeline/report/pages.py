@@ -10,11 +10,12 @@ import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from pipeline import io, tracking
 from pipeline.report import aggregate as agg
-from pipeline.report import cells, ledger, markdown, natural, sources
+from pipeline.report import cells, collisions, ledger, markdown, natural, sources
 from pipeline.report import figures as fig
 
 CELL_NOTE = ("Per cell: mean over seeds x test items with a {level:.0%} hierarchical-bootstrap interval (seeds "
@@ -27,6 +28,14 @@ LEDGER_NOTE = ("Rows are fixed by params before any accuracy is read (pipeline/r
                "judged exactly. Holm's correction over all rows (alpha {alpha:.2f}). Verdicts: held / failed; "
                "equivalent = the whole CI within +-{margin}; underpowered = neither, with the seeds needed "
                "(assuming the CI shrinks as 1/sqrt(seeds)).")
+
+COLLISION_NOTE = ("Per task and seed (main grid, first test items by pool index): every patch of each image gets a "
+                  "random pattern from the trained vit's patch-projection null space (unit RMS per normalised "
+                  "pixel). `vit_max_diff_*`: largest logit change of the trained vit (exact algebra predicts 0; "
+                  "float64 and float32); `other_*`: the same for the trained resnet, `*_flips`: share of "
+                  "predictions changed. `share_discarded`: share of the per-position class-mean patch signal "
+                  "that lies in the null space, beside `share_random` = null_dim / D for a random subspace. "
+                  "Level 1 on trained weights (pipeline/report/collisions.py).")
 
 
 @dataclass
@@ -41,6 +50,7 @@ class Inputs:
     disagreement: dict
     interface: dict
     curve_runs: pd.DataFrame
+    collisions: pd.DataFrame
 
 
 def load(params, records: list[dict], tasks_dir: Path | None, slices_dir: Path | None,
@@ -54,7 +64,32 @@ def load(params, records: list[dict], tasks_dir: Path | None, slices_dir: Path |
         if r.task in pools and (pred := sources.read_predictions(r.dir)) is not None:
             items.add(r.dir, r.task, *pred)
     return Inputs(params, records, runs, items, sources.read_floors(shortcuts_dir, task_names),
-                  sources.teacher_disagreement(teachers_dir), interface, runs[runs.source == "curve"])
+                  sources.teacher_disagreement(teachers_dir), interface, runs[runs.source == "curve"],
+                  trained_collisions(params, runs, pools, tasks_dir))
+
+
+def trained_collisions(params, runs: pd.DataFrame, pools: dict, tasks_dir: Path | None,
+                       arms: tuple[str, str] = ("vit", "resnet")) -> pd.DataFrame:
+    """The null-space check on the kept weights of ``arms`` (main grid, every task and seed both ran)."""
+    config, n = cells.main_config(runs), params.report.collision_items
+    pairs = []
+    for task in sorted(pools):
+        a, b = (cells.select(runs, task, arm, config).drop_duplicates("seed").set_index("seed") for arm in arms)
+        test = pools[task]["subsets"].get("test")
+        seeds = sorted(set(a.index) & set(b.index))
+        if test is None or not seeds:
+            continue
+        index = np.sort(test)[:n]
+        if (images := sources.read_images(tasks_dir, task, index)) is None:
+            continue
+        for seed in seeds:
+            models = [sources.read_model(r.dir, r.model, params, int(r.num_classes))
+                      for r in (a.loc[seed], b.loc[seed])]
+            if any(m is None for m in models):
+                continue
+            pairs.append({"task": task, "seed": int(seed), "vit": models[0], "other": models[1],
+                          "other_arch": arms[1], "images": images, "labels": pools[task]["labels"][index]})
+    return collisions.collision_table(pairs, params.geometry.patch_size, int(params.seed))
 
 
 def _table(out: Path, name: str, title: str, note: str, df: pd.DataFrame, shown: pd.DataFrame | None = None,
@@ -76,7 +111,7 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
     size_tab = pd.concat([cells.size_cells(cell_tab, config),  # a size grid inside data/runs, and data/curve
                           cells.cell_table(inp.curve_runs.assign(source="runs"), inp.items, rp, seed)])
     slice_tab = cells.slice_table(runs, inp.items, config, rp, seed)
-    led = ledger.judge(inp.params, runs, inp.items, inp.floors, inp.disagreement, seed)
+    led = ledger.judge(inp.params, runs, inp.items, inp.floors, inp.disagreement, seed, inp.collisions)
     reach = agg.steps_to_reach(runs, rp.escape_threshold, cells.CELL)
     students = dict(inp.params.distill.students)
     agree = sources.agreements(runs, students, list(inp.params.distill.tasks))
@@ -105,6 +140,9 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
             agg.distillation_table(runs, agree), empty="not run (distillation disabled)"),
         "data-size curve": _table(out, "size_curve", "Test accuracy vs training-set size", f"{note}\n\n{floors}",
                                   size_tab, empty="not run (no data-size curve)"),
+        "collisions on trained weights": _table(
+            out, "collisions", "Patch-projection null space on trained weights", COLLISION_NOTE, inp.collisions,
+            empty="not run (no vit and resnet runs with kept weights on the same task and seed)"),
         "interface checks": _table(out, "interface", "Interface checks (level 1, exact)", "From "
                                    "data/interface/summary.json; details in ../interface/interface.md.",
                                    agg.interface_table(inp.interface)),

@@ -54,6 +54,31 @@ def read_predictions(folder: str | Path) -> tuple[np.ndarray, np.ndarray] | None
         raise StageError(f"{path}: unreadable predictions ({type(err).__name__}: {err})") from None
 
 
+def read_model(folder: str | Path, model: str, params, num_classes: int):
+    """The trained ``model`` whose final weights a run folder kept (``weights.pt``), or None if it kept none."""
+    import torch
+
+    from pipeline.models import build_model
+
+    path = Path(folder) / "weights.pt"
+    if not path.exists():
+        return None
+    net = build_model(model, params, num_classes)
+    try:
+        net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    except Exception as err:  # any unreadable or mismatched file: one line naming it
+        raise StageError(f"{path}: not a {model} checkpoint ({type(err).__name__})") from None
+    return net.eval()
+
+
+def read_images(tasks_dir: Path | None, task: str, index: np.ndarray) -> np.ndarray | None:
+    """Pool images ``index`` of a task (uint8, N x H x W x C), or None when the pool is absent."""
+    path = tasks_dir / task / "images.npy" if tasks_dir is not None else None
+    if path is None or not path.exists():
+        return None
+    return np.asarray(np.load(path, mmap_mode="r", allow_pickle=False)[index])
+
+
 def read_pool(tasks_dir: Path | None, slices_dir: Path | None, task: str) -> dict | None:
     """What item-level statistics need from a task: pool ``labels`` (N,), pool ``factors`` (DataFrame or
     None) and the test ``subsets`` (``test``, ``slice/...`` -> pool indices). None when the pool is absent."""
@@ -112,7 +137,7 @@ def read_json(path: Path | None) -> dict | None:
 
 def learning_histories(runs: pd.DataFrame, keys: tuple[str, ...] = ("train/loss", "val/acc")) -> pd.DataFrame:
     """Long frame (source, task, arch, seed, train_size, metric, step, value) from the ``curve`` that every
-    run's metrics.json carries (one row per validation; kept across a resume by the History callback)."""
+    run's metrics.json carries (one row per validation; kept across a resume by the Curves callback)."""
     rows = []
     for r in runs.itertuples():
         curve = getattr(r, "curve", None)

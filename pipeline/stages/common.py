@@ -58,7 +58,7 @@ def quiet_lightning() -> None:
     for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
         logging.getLogger(name).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*(LeafSpec|logging interval|does not have many workers).*")
-    # Safe here: a run's batches are a function of the global step (pipeline.train.StepBatches), so a
+    # Safe here: a run's batches are a function of the global step (pipeline.learner.StepBatches), so a
     # mid-epoch resume with a fresh dataloader continues the exact batch sequence.
     warnings.filterwarnings("ignore", message=".*dataloader is not resumable.*")
     # The checkpoint folder holds the run's identity stamp (config.json) beside last.ckpt by design.

@@ -207,31 +207,48 @@ class Classifier(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
-class History(L.Callback):
-    """The learning curve (step, train loss, val loss, val acc) at every validation, and one progress line each.
+class Curves(L.Callback):
+    """Per-step train loss and learning rate (every ``log_every_steps``) and the validation curve.
 
-    Its state is saved in every checkpoint, so a resumed run's curve is the whole run's curve.
+    Saved in every checkpoint, so a resumed run's curves are the whole run's curves.
     """
 
-    def __init__(self, name: str, total_steps: int):
-        self.name, self.total, self.rows = name, total_steps, []
+    def __init__(self, name: str, total: int, every: int, ckpt_every: int, ckpt: Path):
+        self.name, self.total, self.every, self.ckpt_every, self.ckpt = name, total, every, ckpt_every, ckpt
+        self.rows: list[dict] = []  # at each validation: step, train_loss, val_loss, val_acc, lr
+        self.series: list[dict] = []  # every `every` steps: step, train/loss, lr
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step = trainer.global_step
+        if step % self.every == 0:
+            loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+            self.series.append({"step": step, "train/loss": float(loss), "lr": _lr(trainer)})
 
     def on_validation_end(self, trainer, pl_module):
-        if trainer.sanity_checking:
-            return
         m = trainer.callback_metrics
-        row = {"step": trainer.global_step,
+        row = {"step": trainer.global_step, "lr": _lr(trainer),
                **{k.replace("/", "_"): float(m[k]) for k in ("train/loss", "val/loss", "val/acc") if k in m}}
         self.rows.append(row)
-        print(f"  {self.name}: step {row['step']}/{self.total}"
-              + (f" train loss {row['train_loss']:.3f}" if "train_loss" in row else "")
-              + (f" val acc {row['val_acc']:.3f}" if "val_acc" in row else ""), flush=True)
+        if row["step"] % self.ckpt_every == 0 and row["step"] < self.total:
+            # The step's checkpoint was saved before this validation: save it again so it holds this row
+            # (else a run resumed from it would lack the row: validation at that step does not rerun).
+            trainer.save_checkpoint(self.ckpt)
+        print(f"  {self.name}: step {row['step']}/{self.total} val acc {row.get('val_acc', float('nan')):.3f}",
+              flush=True)
+
+    @property
+    def state_key(self) -> str:
+        return "Curves"  # one key for subclasses too, so any checkpoint restores the curves
 
     def state_dict(self) -> dict:
-        return {"rows": self.rows}
+        return {"rows": self.rows, "series": self.series}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self.rows = list(state_dict["rows"])
+        self.rows, self.series = list(state_dict["rows"]), list(state_dict.get("series", []))
+
+
+def _lr(trainer) -> float:
+    return float(trainer.optimizers[0].param_groups[0]["lr"])
 
 
 class PhaseTimer(L.Callback):
@@ -308,8 +325,3 @@ def slice_accuracy(pred: np.ndarray, labels: np.ndarray, indices: dict[str, np.n
         if len(idx):
             out[key] = {"acc": float((pred[idx] == labels[idx]).mean()), "n": int(len(idx))}
     return out
-
-
-def last_checkpoint(ckpt_dir: Path) -> Path | None:
-    path = ckpt_dir / "last.ckpt"
-    return path if path.exists() else None
