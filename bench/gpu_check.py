@@ -24,7 +24,11 @@ def _params(steps: int, accelerator: str):
     from pipeline.config import Params
 
     raw = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
-    raw["tasks"]["names"] = ["alignment"]
+    raw["tasks"]["names"] = ["alignment"]  # every task list narrowed to it (the schema checks they are generated)
+    for entry in [*raw["train"]["archs"].values(), *raw["train"]["grids"].values()]:
+        entry["tasks"] = ["alignment"]
+    raw["distill"]["tasks"] = ["alignment"]
+    raw["evaluation"]["resolution"]["tasks"] = []
     raw["train"]["recipe"]["steps"] = steps
     raw["train"]["runtime"].update(accelerator=accelerator, workers=1, threads=4)
     return Params.model_validate(raw)

@@ -303,13 +303,23 @@ def evaluate(model, split, batch_size: int, extra: dict[str, np.ndarray]) -> dic
             "shift_consistency": float((shifted.argmax(-1) == logits.argmax(-1)).mean()), "sets": sets}
 
 
+def at_main_budget(spec: RunSpec, params: Params) -> bool:
+    """Is this run a cell of the main grid (``train.size``, the recipe's steps and budget mode, the official
+    draw)? Only those get the subgroup and resolution evaluations, so those tables never pool grid points."""
+    k, r = spec.key, params.train.recipe
+    return (k.train_size, k.steps, k.budget_mode, k.data_seed) == (params.train.size, r.steps, r.budget_mode, 0)
+
+
 def evaluate_factors(model, spec: RunSpec, split, params: Params) -> dict:
-    """The pre-specified test-set subgroups (natural images) and the resolution sweep (``evaluation``)."""
+    """The pre-specified test-set subgroups (natural images) and the resolution sweep (``evaluation``), for
+    main-grid runs."""
     from pipeline.learner import predict
     from pipeline.resolution import evaluate_resolutions, native_for
     from pipeline.subgroups import evaluate_subgroups
 
     ev, bs, task = params.evaluation, params.train.runtime.eval_batch_size, spec.key.task
+    if not at_main_budget(spec, params):
+        return {}
     test_idx = split.indices["test"]
     x, y = split.images[test_idx], split.labels[test_idx]
     out = {}

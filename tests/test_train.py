@@ -6,17 +6,19 @@ import hashlib
 import json
 import math
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import lightning as L
 import numpy as np
 import pytest
+import tiny_repo
 import torch
 import yaml
 from conftest import mlflow_store
 from torch.utils.data import DataLoader, TensorDataset
 
-from pipeline import experiment
+from pipeline import experiment, learner
 from pipeline.config import load_params
 from pipeline.errors import StageError
 from pipeline.executor import RunFailed
@@ -51,7 +53,7 @@ class Interrupt(Exception):
 
 
 def interrupting(at_step: int):
-    class Interrupting(experiment.Curves):
+    class Interrupting(learner.Curves):
         def on_validation_end(self, trainer, pl_module):
             super().on_validation_end(trainer, pl_module)
             if trainer.global_step >= at_step:
@@ -68,7 +70,7 @@ def runs(workspace, tmp_path_factory):
     with mlflow_store(root):
         metrics = {name: train(workspace, out[name], params) for name in "ab"}
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(experiment, "Curves", interrupting(10))
+            mp.setattr(learner, "Curves", interrupting(10))
             with pytest.raises(RunFailed, match="Interrupt"):
                 train(workspace, out["c"], params)
         ckpt = out["c"] / "ckpt" / KEY.folder
@@ -283,3 +285,16 @@ def test_grids_extend_the_main_grid_once(workspace):
     raw["train"]["grids"] = {"bad": {"archs": ["swin"]}}
     with pytest.raises(Exception, match="train.grids.bad.archs"):
         parse_params(raw)
+
+
+def test_only_main_grid_runs_get_the_factor_evaluations(tmp_path):
+    """Subgroup and resolution tables pool seeds of one cell; curve, budget and draw runs stay out of them."""
+    from pipeline.config import Params
+
+    params = Params.model_validate(tiny_repo.params_with())
+    t, r = params.train, params.train.recipe
+    main = RunKey("alignment", "vit", 0, t.size, r.steps, r.budget_mode, 0)
+    others = [replace(main, train_size=t.size // 2), replace(main, steps=2 * r.steps),
+              replace(main, budget_mode="flops"), replace(main, data_seed=1)]
+    specs = specs_for("train", [main, *others], tmp_path, tmp_path, tmp_path, tmp_path)
+    assert [experiment.at_main_budget(s, params) for s in specs] == [True, False, False, False, False]
