@@ -56,3 +56,17 @@ def test_check_flag(tmp_path, formatted, capsys):
 def test_committed_params_are_in_dvc_form():
     """The repository's params.yaml is what `dvc exp run -S` would write back: an -S edit is a one-line diff."""
     assert main([str(ROOT / "params.yaml"), "--check"]) == 0
+
+
+def test_large_profile_validates_and_differs_only_in_the_grid():
+    """params-large.yaml: the same study with more cells; every other key follows params.yaml."""
+    from pipeline.config import load_params
+
+    load_params(ROOT / "params-large.yaml")  # raises a ConfigError naming the key if it drifted from the schema
+    base, large = (yaml.safe_load((ROOT / f).read_text()) for f in ("params.yaml", "params-large.yaml"))
+    grid = {"seeds", "archs", "grids"}
+    assert {k: v for k, v in large["train"].items() if k not in grid} == \
+        {k: v for k, v in base["train"].items() if k not in grid}
+    assert {k: v for k, v in large.items() if k not in ("train", "distill")} == \
+        {k: v for k, v in base.items() if k not in ("train", "distill")}
+    assert len(large["train"]["seeds"]) >= 10 and set(base["train"]["archs"]) <= set(large["train"]["archs"])
