@@ -18,7 +18,6 @@ prefix (``slice/``, ``budget/``, ``measured/``, ``train/``, ``val/``).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -30,6 +29,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from filelock import FileLock
 
 from pipeline.config import Params
 from pipeline.errors import ConfigError, StageError
@@ -134,12 +135,8 @@ def _store_lock(uri: str) -> Iterator[None]:
     if uri.startswith("sqlite:///"):
         lock = Path(uri.removeprefix("sqlite:///") + ".lock")
         lock.parent.mkdir(parents=True, exist_ok=True)
-        with open(lock, "w") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+        with FileLock(lock):
+            yield
     else:
         yield
 
@@ -166,11 +163,16 @@ def _git(*args: str) -> str:
     return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
 
 
+DECIDING = ("pipeline", "params.yaml", "dvc.yaml", "pyproject.toml")
+
+
 def git_commit() -> str:
-    """The checked-out commit (``+dirty`` when tracked files differ), or ``unknown`` outside git."""
+    """The checked-out commit, ``+dirty`` when what decides results (the code, params.yaml, dvc.yaml,
+    pyproject.toml) differs from it, or ``unknown`` outside git. Outputs a repro rewrites (dvc.lock, reports/)
+    do not count: a fresh clone's ``dvc repro`` reports the commit it ran."""
     try:
         sha = _git("rev-parse", "HEAD")
-        dirty = _git("status", "--porcelain", "--untracked-files=no")
+        dirty = _git("status", "--porcelain", "--untracked-files=no", "--", *DECIDING)
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return f"{sha}+dirty" if dirty else sha

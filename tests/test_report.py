@@ -245,3 +245,10 @@ def test_findings_report_refuted_and_cap_at_five():
     got = markdown.findings(led)
     assert len(got) == 5 and got[0].startswith("**alignment: refuted by its controls (alignment.1 failed)")
     assert got[1].startswith("**arrangement: refuted.**") and not any("scale" in g for g in got)
+
+
+def test_markdown_cells_escape_the_column_separator():
+    from pipeline.report.markdown import md_table
+
+    lines = md_table(pd.DataFrame({"claim": ["max |diff| small"], "x": [0.5]})).splitlines()
+    assert lines[2].count("|") - lines[2].count(r"\|") == 3  # three column borders, the cell's pipes escaped

@@ -86,3 +86,27 @@ def test_diverging_run_is_one_line_and_failed(copy_workspace, capsys):
     status = {r.info.run_name: r.info.status for r in client.search_runs([exp.experiment_id])}
     assert status["train/vit"] == "FAILED"
     assert [s for n, s in status.items() if n.startswith("train/vit/")] == ["FAILED"]
+
+
+def test_git_commit_is_dirty_only_when_what_decides_results_changed(tmp_path, monkeypatch):
+    import subprocess
+
+    from pipeline.tracking import git_commit
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    for rel in ("pipeline/x.py", "params.yaml", "dvc.lock", "reports/README.md"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("a\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "x")
+    monkeypatch.chdir(tmp_path)
+    sha = git_commit()
+    (tmp_path / "dvc.lock").write_text("b\n")  # a repro rewrites its outputs: still the commit it ran
+    (tmp_path / "reports/README.md").write_text("b\n")
+    assert git_commit() == sha and "+" not in sha
+    (tmp_path / "params.yaml").write_text("b\n")
+    assert git_commit() == f"{sha}+dirty"

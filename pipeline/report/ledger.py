@@ -126,15 +126,16 @@ def collision_rows(table: pd.DataFrame, exact_tol: float, atol: float) -> list[d
         {**base, "id": "exact.collision.vit", "a": "vit", "expect": "= 0", "exact": vit <= exact_tol,
          "estimate": vit, "max_logit_diff": vit,
          "isolates": f"patch projection: its null space ({null}) is invisible to the trained ViT",
-         "claim": f"vit logits unchanged by a null-space pattern in every patch (float64, |diff| <= {exact_tol:g})",
-         "detail": f"max |logit diff| {vit:.2g} (float64), {table.vit_max_diff_f32.max():.2g} (float32); "
+         "claim": f"vit logits unchanged by a null-space pattern in every patch (float64, max abs diff <= "
+                  f"{exact_tol:g})",
+         "detail": f"max abs logit diff {vit:.2g} (float64), {table.vit_max_diff_f32.max():.2g} (float32); "
                    f"pixel change RMS {table.pixel_rms_grey_levels.mean():.0f} grey levels; "
                    f"{len(table)} task x seed pairs"},
         {**base, "id": f"exact.collision.{other}", "a": other, "expect": "> 0", "exact": moved > atol,
          "estimate": moved, "max_logit_diff": moved,
          "isolates": "the same pixel change, seen by overlapping convolutions",
-         "claim": f"{other} logits moved by the vit's null-space pattern (every pair: max |diff| > {atol:g})",
-         "detail": f"smallest max |logit diff| {moved:.3g}; predictions changed on "
+         "claim": f"{other} logits moved by the vit's null-space pattern (every pair: max abs diff > {atol:g})",
+         "detail": f"smallest max abs logit diff {moved:.3g}; predictions changed on "
                    f"{table.other_flips.mean():.1%} of test items (vit: {table.vit_flips.mean():.1%})"},
     ]
 

@@ -16,8 +16,11 @@ MAX_FINDINGS = 5
 
 
 def md_table(df: pd.DataFrame, empty: str = "not run") -> str:
-    """The one Markdown rendering of a table (or why it is empty)."""
-    return df.to_markdown(index=False, floatfmt=".4g") if len(df) else f"_{empty}_"
+    """The one Markdown rendering of a table (or why it is empty); a ``|`` inside a cell is escaped."""
+    if not len(df):
+        return f"_{empty}_"
+    text = df.apply(lambda col: col.map(lambda v: v.replace("|", r"\|") if isinstance(v, str) else v))
+    return text.to_markdown(index=False, floatfmt=".4g")
 
 
 def ci_text(mean: float, lo: float, hi: float, sign: bool = False) -> str:
