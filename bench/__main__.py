@@ -274,7 +274,9 @@ def render(steps: list[StepResult], matmul: float, data: dict[str, float], data_
     if timing:
         stages = {k: v for k, v in timing.items() if k != "total"}
         total = timing.get("total", sum(stages.values()))  # bench.repro_timing's wall total, DVC's own time in
-        lines += ["Written by `python -m bench.repro_timing` (a stage lasts until the next one starts).", "",
+        lines += ["From `reports/repro_timing.json`, written by `python -m bench.repro_breakdown` (a fresh-clone "
+                  "repro's timestamped console; per-run detail in `repro_breakdown.md`) or `python -m "
+                  "bench.repro_timing`. A stage lasts until the next one starts.", "",
                   "| stage | seconds |", "|---|---|",
                   *[f"| {k} | {v:,.0f} |" for k, v in stages.items()],
                   f"| **total (wall)** | {total:,.0f} |"]
