@@ -8,6 +8,8 @@ import functools
 import os
 import sys
 from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.errors import ConfigError, StageError
@@ -25,6 +27,7 @@ def stage_main(fn: Callable[[list[str] | None], None]) -> Callable[[list[str] | 
 
     @functools.wraps(fn)
     def wrapper(argv: list[str] | None = None) -> int:
+        announce_stage()
         try:
             fn(argv)
         except (ConfigError, StageError) as err:
@@ -41,6 +44,41 @@ def stage_main(fn: Callable[[list[str] | None], None]) -> Callable[[list[str] | 
         return 0
 
     return wrapper
+
+
+def stage_names(root: Path) -> list[str]:
+    """Every stage of ``<root>/dvc.yaml`` in file order, ``matrix``/``foreach`` entries expanded from the values
+    in ``params.yaml`` and named as DVC names them (``train@vit``)."""
+    import yaml
+
+    spec = yaml.safe_load((root / "dvc.yaml").read_text())
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    names = []
+    for name, stage in spec["stages"].items():
+        source = stage.get("foreach", next(iter(stage.get("matrix", {}).values()), None))
+        if source is None:
+            names.append(name)
+            continue
+        if isinstance(source, str):  # "${tasks.names}": a params list, or a mapping's keys
+            source = functools.reduce(_child, source.strip("${} ").split("."), params)
+        names += [f"{name}@{value}" for value in source]
+    return names
+
+
+def announce_stage() -> None:
+    """Under ``dvc repro`` (DVC sets DVC_STAGE and DVC_ROOT): one line saying which stage of how many this is,
+    so a long repro's console shows where it stands. A progress line never fails a stage."""
+    import yaml
+
+    name, root = os.environ.get("DVC_STAGE"), os.environ.get("DVC_ROOT")
+    if not name or not root:
+        return
+    try:
+        names = stage_names(Path(root))
+    except (OSError, KeyError, TypeError, AttributeError, yaml.YAMLError):
+        names = []
+    where = f"stage {names.index(name) + 1} of {len(names)} (dvc.yaml order)" if name in names else "stage"
+    print(f"[{datetime.now():%H:%M:%S}] {where}: {name}", flush=True)
 
 
 def one_line(message: str) -> str:
@@ -70,8 +108,6 @@ def quiet_lightning() -> None:
 
 def add_run_paths(parser) -> None:
     """The folders every training stage (train, teacher, distill) reads and writes; values come from dvc.yaml."""
-    from pathlib import Path
-
     parser.add_argument("--data", type=Path, required=True, help="data/tasks (one folder per task)")
     parser.add_argument("--slices", type=Path, required=True, help="data/slices (one folder per task)")
     parser.add_argument("--out", type=Path, required=True, help="results: one folder per run")
