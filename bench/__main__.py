@@ -38,7 +38,7 @@ import torch.nn.functional as F
 import yaml
 from torch.utils.data import DataLoader, TensorDataset
 
-from bench import data_speed, overheads
+from bench import data_speed, overheads, worker_env
 from pipeline import budget
 from pipeline.config import Params
 from pipeline.learner import Classifier
@@ -310,6 +310,22 @@ def render_phases(rows: list[dict]) -> list[str]:
     return lines
 
 
+def render_worker_env(rows: list[dict]) -> list[str]:
+    """The executor's worker environment: a plain AdamW step here vs in Dask workers (bench/worker_env.py)."""
+    lines = ["", "## A training step inside the executor's workers", "",
+             "Plain AdamW steps of the params.yaml model (ms/step), two workers stepping at once. Dask's nanny starts "
+             "workers with `MALLOC_TRIM_THRESHOLD_=65536`, which also switches off glibc's dynamic mmap threshold: "
+             "activation buffers are mmapped and faulted in afresh at every step. `pipeline/executor.py` unsets it "
+             "for its local cluster (on a cluster you start yourself, set "
+             "`distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_: null` in the workers' Dask config; "
+             "any value, even a large one, keeps the mmap threshold fixed).",
+             "", "| arch | " + " | ".join(worker_env.SETTINGS) + " | speed-up |", "|---" * 5 + "|"]
+    for r in rows:
+        lines.append(f"| {r['arch']} | " + " | ".join(f"{r[k]:.2f}" for k in worker_env.SETTINGS)
+                     + f" | {r['speed-up']:.2f}x |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(argv) if argv is not None else sys.argv[1:]
     if argv[:1] == ["phases"]:
@@ -358,8 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     for arch in args.archs[:1] if small else args.archs:  # small (CI): one arch keeps the test short
         phases.append(overheads.breakdown(arch, 20 if small else params.train.recipe.steps, repeat=1))
         print(f"{arch}: steps {phases[-1]['step_share']:.1%} of a run's wall time", flush=True)
+    workers = worker_env.measure(args.archs[:1] if small else args.archs, 20 if small else 200)
     text = render(results, matmul, data, data_n, dvc, timing, "small" if small else "full", params)
-    write_text(args.out, text + "\n".join(render_phases(phases)) + "\n")
+    write_text(args.out, text + "\n".join(render_phases(phases) + render_worker_env(workers)) + "\n")
     print(f"-> {args.out}")
     return 0
 

@@ -37,6 +37,7 @@ from pipeline.provenance import (
     data_provenance,
     load_teacher,
     params_sha256,
+    pool_sha256,
     read_teacher,
     run_params,
 )
@@ -138,7 +139,7 @@ def check_inputs(specs: list[RunSpec], params: Params) -> None:
             continue
         teachers.add((spec.teacher_dir, spec.key.task))
         record = load_teacher(spec.teacher_dir, spec.key.task, params, split.num_classes)[1]
-        if record.get("data_sha256") != data_provenance(manifest, np.empty(0))["data_sha256"]:
+        if record.get("data_sha256") != pool_sha256(manifest):
             raise StageError(f"{spec.teacher_dir / spec.key.task / PROVENANCE}: the teacher was trained on other "
                              f"images than {spec.data_dir} (data_sha256 differs); rerun the teacher stage")
 
@@ -317,9 +318,9 @@ def evaluate_factors(model, spec: RunSpec, split, params: Params) -> dict:
     from pipeline.resolution import evaluate_resolutions, native_for
     from pipeline.subgroups import evaluate_subgroups
 
-    ev, bs, task = params.evaluation, params.train.runtime.eval_batch_size, spec.key.task
     if not at_main_budget(spec, params):
         return {}
+    ev, bs, task = params.evaluation, params.train.runtime.eval_batch_size, spec.key.task
     test_idx = split.indices["test"]
     x, y = split.images[test_idx], split.labels[test_idx]
     out = {}

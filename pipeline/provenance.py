@@ -53,13 +53,17 @@ def index_sha256(idx: np.ndarray) -> str:
     return sha256_bytes(np.ascontiguousarray(idx, dtype=np.int64).tobytes())
 
 
-def data_provenance(manifest: dict, train_idx: np.ndarray) -> dict:
-    """The pool's image hash and the hash of the exact training indices this run used."""
+def pool_sha256(manifest: dict) -> str:
+    """The hash of the image pool the slices were cut from (recorded by the slice stage)."""
     try:
-        data = manifest["source"]["images_sha256"]
+        return manifest["source"]["images_sha256"]
     except (KeyError, TypeError):
         raise StageError("manifest.json: no source.images_sha256 (rerun the slice stage)") from None
-    return {"data_sha256": data, "train_slice_sha256": index_sha256(train_idx)}
+
+
+def data_provenance(manifest: dict, train_idx: np.ndarray) -> dict:
+    """The pool's image hash and the hash of the exact training indices this run used."""
+    return {"data_sha256": pool_sha256(manifest), "train_slice_sha256": index_sha256(train_idx)}
 
 
 def teacher_record(metrics: dict, weights: Path, run_id: str, artifact_uri: str, transfer: str) -> dict:
@@ -68,6 +72,8 @@ def teacher_record(metrics: dict, weights: Path, run_id: str, artifact_uri: str,
     return {
         "arch": metrics["arch"], "model": metrics["model"], "task": metrics["task"], "seed": metrics["seed"],
         "train_size": metrics["train_size"], "transfer_set": transfer, "mlflow_run_id": run_id,
+        # teachers of different types are not tuned to equal accuracy: the ledger prints their mismatch instead
+        "accuracy_matching": "none: the mismatch on the students' images is reported beside every comparison",
         "artifact_uri": artifact_uri, "checkpoint": weights.name, "checkpoint_sha256": sha256_file(weights),
         "data_sha256": metrics["provenance"]["data_sha256"],
         "train_slice_sha256": metrics["provenance"]["train_slice_sha256"],

@@ -84,8 +84,13 @@ def test_exception_names_the_run_and_logs_the_traceback(tmp_path, workers):
     assert "raise ValueError" in (tmp_path / "run2.log").read_text()
 
 
+def worker_env() -> dict[str, str]:
+    return dict(os.environ)
+
+
 def test_local_cluster_binds_loopback_only(monkeypatch):
     monkeypatch.delenv(executor.ADDRESS_ENV, raising=False)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")  # as an earlier plain Dask cluster leaves it
     assert executor.scheduler_address(None) is None
     with executor.dask_client(2) as client:
         info = client.scheduler_info()
@@ -93,6 +98,9 @@ def test_local_cluster_binds_loopback_only(monkeypatch):
         assert len(info["workers"]) == 2
         assert all(a.startswith(f"tcp://{executor.LOOPBACK}:") for a in addresses), addresses
         assert client.cluster.dashboard_link is None or "127.0.0.1" in client.cluster.dashboard_link
+        # Dask's default MALLOC_TRIM_THRESHOLD_ doubles a training step's time (bench.overheads): not set here
+        env = client.submit(worker_env, pure=False).result()
+        assert "MALLOC_TRIM_THRESHOLD_" not in env and env["OMP_NUM_THREADS"] == "1"
 
 
 def test_given_address_is_used(monkeypatch):

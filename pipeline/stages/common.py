@@ -114,6 +114,28 @@ def add_run_paths(parser) -> None:
     parser.add_argument("--ckpt", type=Path, required=True, help="checkpoints (persisted, for resume)")
 
 
+def training_parser(doc: str | None, option: str, help: str) -> argparse.ArgumentParser:
+    """The parser of a training stage (train, teacher, distill): its one name option and the run folders."""
+    p = argparse.ArgumentParser(description=doc)
+    p.add_argument(option, required=True, help=help)
+    add_run_paths(p)
+    return p
+
+
+def run_training(stage: str, name: str, keys: list, params: Params, args: argparse.Namespace,
+                 **spec_options) -> list[dict]:
+    """Run ``keys`` as ``stage`` runs (finished ones are kept, interrupted ones resume), then drop the outputs
+    of runs no longer configured; returns every run's metrics."""
+    quiet_lightning()
+    from pipeline.experiment import execute, prune
+    from pipeline.grid import specs_for
+
+    specs = specs_for(stage, keys, args.data, args.slices, args.out, args.ckpt, **spec_options)
+    results = execute(specs, params, stage, f"{stage}/{name}", args.ckpt)
+    prune(args.out, [s.out_dir for s in specs])  # after success: a failed stage changes nothing
+    return results
+
+
 def parse_stage(parser: argparse.ArgumentParser, argv: list[str] | None,
                 names: dict[str, str] | None = None) -> tuple[argparse.Namespace, Params]:
     """Add ``--params`` to ``parser``, parse ``argv``, load and validate the params, and check that each CLI

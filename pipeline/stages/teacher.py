@@ -9,33 +9,21 @@ hashes, accuracy and disagreement with the true labels on the students' images, 
 
 from __future__ import annotations
 
-import argparse
-
-from pipeline.stages.common import add_run_paths, parse_stage, quiet_lightning, stage_main
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--arch", required=True, help="teacher architecture (one of distill.teachers)")
-    add_run_paths(p)
-    return p
+from pipeline.stages.common import parse_stage, run_training, stage_main, training_parser
 
 
 @stage_main
 def main(argv: list[str] | None = None) -> None:
-    args, params = parse_stage(parser(), argv, {"arch": "distill.teachers"})
-    quiet_lightning()
-    from pipeline.experiment import execute, prune
-    from pipeline.grid import RunKey, specs_for
+    parser = training_parser(__doc__, "--arch", "teacher architecture (one of distill.teachers)")
+    args, params = parse_stage(parser, argv, {"arch": "distill.teachers"})
+    from pipeline.grid import RunKey
 
     d, r = params.distill, params.train.recipe
     keys = [RunKey(task, args.arch, d.teacher_seed, d.teacher_size - params.train.size, r.steps, r.budget_mode)
             for task in d.tasks]
-    specs = specs_for("teacher", keys, args.data, args.slices, args.out, args.ckpt)
-    for m in execute(specs, params, "teacher", f"teacher/{args.arch}", args.ckpt):
+    for m in run_training("teacher", args.arch, keys, params, args):
         print(f"teacher/{args.arch}/{m['task']}: test acc {m['test_acc']:.3f}, disagrees with the true label on "
               f"{m['student_train']['disagreement']:.1%} of the students' images")
-    prune(args.out, [s.out_dir for s in specs])  # after success: a failed stage changes nothing
 
 
 if __name__ == "__main__":

@@ -8,35 +8,16 @@ Runs fan out to workers (:func:`pipeline.executor.map_runs`); this process write
 
 from __future__ import annotations
 
-import argparse
-
-from pipeline.config import load_params
-from pipeline.errors import ConfigError
-from pipeline.stages.common import add_run_paths, quiet_lightning, stage_main
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--params", default="params.yaml")
-    p.add_argument("--arch", required=True, help="a key of train.archs")
-    add_run_paths(p)
-    return p.parse_args(argv)
+from pipeline.stages.common import parse_stage, run_training, stage_main, training_parser
 
 
 @stage_main
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    params = load_params(args.params)
-    if args.arch not in params.train.archs:
-        raise ConfigError(f"{args.params}: train.archs: no architecture {args.arch!r} "
-                          f"(configured: {', '.join(params.train.archs)})")
-    quiet_lightning()
-    from pipeline.experiment import execute, prune
-    from pipeline.grid import specs_for, train_keys
+    parser = training_parser(__doc__, "--arch", "a key of train.archs")
+    args, params = parse_stage(parser, argv, {"arch": "train.archs"})
+    from pipeline.grid import train_keys
 
-    specs = specs_for("train", train_keys(params, args.arch), args.data, args.slices, args.out, args.ckpt)
-    execute(specs, params, "train", f"train/{args.arch}", args.ckpt)
-    prune(args.out, [s.out_dir for s in specs])  # after success: a failed stage changes nothing
+    run_training("train", args.arch, train_keys(params, args.arch), params, args)
 
 
 if __name__ == "__main__":
