@@ -331,7 +331,8 @@ class AlignmentParams(SyntheticParams):
 
 
 class ScaleParams(SyntheticParams):
-    shapes: list[Literal["square", "frame", "triangle", "plus", "disc", "diamond"]]
+    shapes: list[Literal["square", "frame", "triangle", "plus", "disc", "diamond", "zed", "ess"]]
+    rotate: bool  # each shape turned by a random quarter turn (factor `rotation`)
     min_size: Annotated[int, Field(ge=2)]  # px, over all (eval) rows
     max_size: PosInt
     train_sizes: Range  # fit rows draw sizes here; eval rows from min_size..max_size

@@ -10,7 +10,21 @@ from collections.abc import Callable
 
 import numpy as np
 
+
+def _third(x: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """-1 / 0 / +1: the first, middle or last third of the box along one doubled, centred coordinate."""
+    return np.where(3 * x < -s, -1, np.where(3 * x > s, 1, 0))
+
+
+def _zed(a: np.ndarray, b: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """The Z pentomino on a 3 x 3 grid of thirds: top-left, centre column, bottom-right."""
+    r, c = _third(a, s), _third(b, s)
+    return ((r == -1) & (c <= 0)) | ((r == 0) & (c == 0)) | ((r == 1) & (c >= 0))
+
+
 # (a, b, s) -> inside-shape mask; a, b, s broadcast. All shapes fill their s x s bounding box's extent.
+# zed and ess are mirror images: same area, same corners and bar ends one by one; turned by a random quarter
+# turn (tasks.scale.rotate) no single local part tells them apart, only how the parts are arranged.
 SHAPES: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]] = {
     "square": lambda a, b, s: np.ones(np.broadcast_shapes(a.shape, b.shape), dtype=bool),
     "frame": lambda a, b, s: (np.abs(a) == s - 1) | (np.abs(b) == s - 1),
@@ -18,7 +32,17 @@ SHAPES: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]] = 
     "plus": lambda a, b, s: 3 * np.minimum(np.abs(a), np.abs(b)) <= s,
     "disc": lambda a, b, s: a * a + b * b <= s * s,
     "diamond": lambda a, b, s: np.abs(a) + np.abs(b) <= s,
+    "zed": _zed,
+    "ess": lambda a, b, s: _zed(a, -b, s),
 }
+
+
+def quarter_turns(a: np.ndarray, b: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Box coordinates turned by ``k`` quarter turns (broadcast): one turn maps (a, b) to (b, -a)."""
+    for i in range(3):
+        turn = k % 4 > i
+        a, b = np.where(turn, b, a), np.where(turn, -a, b)
+    return a, b
 
 
 def shape_mask(name: str, size: int) -> np.ndarray:

@@ -145,7 +145,7 @@ def test_per_class_counts_are_monotone():
 def test_too_small_pool_names_the_key(cfg, key):
     data, factors = pool("scale")
     with pytest.raises(ConfigError, match=key):
-        make_splits(data.labels, factors, 4, ["size"], cfg, seed=0, task="scale")
+        make_splits(data.labels, factors, len(data.class_names), ["size"], cfg, seed=0, task="scale")
 
 
 def test_check_splits_refuses_overlap_and_empty():
@@ -161,7 +161,7 @@ def test_check_splits_refuses_overlap_and_empty():
 
 def test_manifest_records_sizes_counts_hashes_and_ranges():
     data, factors = pool("scale")
-    out = make_splits(data.labels, factors, 4, ["size"], CFG, seed=0, task="scale")
+    out = make_splits(data.labels, factors, len(data.class_names), ["size"], CFG, seed=0, task="scale")
     man = manifest(out, data.labels, factors, data.class_names, {"labels_sha256": "x"})
     assert man["arrays"]["train_120"]["size"] == 120
     assert sum(man["arrays"]["val"]["class_counts"].values()) == 40

@@ -114,8 +114,33 @@ def test_scale_size_and_straddle_read_back_from_pixels():
     np.testing.assert_array_equal(straddles, f["straddles"])
     f = d.factors
     fit = f[f["role"] == "fit"]
-    assert fit["size"].between(3, 8).all() and f["size"].max() > 8  # unseen sizes only in eval rows
+    lo, hi = REPO.tasks.scale.train_sizes
+    assert fit["size"].between(lo, hi).all() and not f["size"].between(lo, hi).all()  # unseen sizes: eval rows
     assert set(f["size_bin"]) == {"sub", "patch", "multi"}
+
+
+def test_scale_shape_and_quarter_turn_read_back_from_pixels():
+    """Inside its box each image shows exactly its class's shape turned by its `rotation` factor."""
+    from pipeline.shapes import shape_mask
+
+    d = make("scale", n=400)
+    fg = (d.images != background(d.images)[:, None, None, :]).any(-1)
+    names = REPO.tasks.scale.shapes
+    for i, r in enumerate(d.factors.itertuples()):
+        box = fg[i, r.y:r.y + r.size, r.x:r.x + r.size]
+        np.testing.assert_array_equal(box, np.rot90(shape_mask(names[d.labels[i]], r.size), r.rotation // 90))
+    assert set(d.factors["rotation"]) == {0, 90, 180, 270}
+
+
+@pytest.mark.parametrize("size", range(3, 13))
+def test_zed_and_ess_differ_only_in_arrangement(size):
+    """Mirror images with equal area that no quarter turn maps onto each other: orientation-free local parts
+    (corners, bar ends) are shared, so a shape's class is in how its parts are arranged."""
+    from pipeline.shapes import shape_mask
+
+    zed, ess = shape_mask("zed", size), shape_mask("ess", size)
+    assert np.array_equal(ess, zed[:, ::-1]) and zed.sum() == ess.sum()
+    assert not any(np.array_equal(np.rot90(zed, k), ess) for k in range(4))
 
 
 # --------------------------------------------------------------------------- relation
@@ -346,7 +371,7 @@ def test_natural_params_pool_size():
     assert NaturalParams.model_validate(natural).n == 50
 
 
-@pytest.mark.parametrize("shape", ["square", "frame", "triangle", "plus", "disc", "diamond"])
+@pytest.mark.parametrize("shape", ["square", "frame", "triangle", "plus", "disc", "diamond", "zed", "ess"])
 def test_every_shape_fills_its_box(shape):
     """So the size (and whether the object straddles a patch line) is what the pixels show."""
     from pipeline.shapes import shape_mask

@@ -5,7 +5,9 @@ draw sizes from ``train_sizes``; ``eval`` rows from ``min_size..max_size`` (``id
 range), so unseen sizes are tested.
 
 Factors: size (px), size_rel (size / P), size_bin (``sub``: s < P, ``patch``: P <= s < 2P, ``multi``:
-s >= 2P), x/y (top-left), straddles (the box crosses a patch boundary in x or y).
+s >= 2P), x/y (top-left), straddles (the box crosses a patch boundary in x or y), rotation (degrees; with
+``rotate`` each shape is turned by a random quarter turn, so mirror-image shapes such as ``zed``/``ess`` differ
+in how their parts are arranged, never in one part alone).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.config import Geometry, ScaleParams
-from pipeline.shapes import SHAPES
+from pipeline.shapes import SHAPES, quarter_turns
 from pipeline.tasks.common import (
     TaskData,
     balanced_labels,
@@ -39,13 +41,14 @@ def generate(n: int, seed: int, geometry: Geometry, cfg: ScaleParams) -> TaskDat
                            rng.integers(lo, hi + 1, n_fit)])
     y0 = rng.integers(0, h - size + 1)
     x0 = rng.integers(0, h - size + 1)
+    turns = rng.integers(0, 4, n) if cfg.rotate else np.zeros(n, dtype=np.int64)
 
     # (N, H, W) box-local coordinates, then doubled and centred; int32 keeps squares exact.
     s3 = size[:, None, None].astype(np.int32)
     u = np.arange(h, dtype=np.int32)[None, :, None] - y0[:, None, None].astype(np.int32)
     v = np.arange(h, dtype=np.int32)[None, None, :] - x0[:, None, None].astype(np.int32)
     inside = (u >= 0) & (u < s3) & (v >= 0) & (v < s3)
-    a, b = 2 * u + 1 - s3, 2 * v + 1 - s3
+    a, b = quarter_turns(2 * u + 1 - s3, 2 * v + 1 - s3, turns[:, None, None])
     mask = np.zeros((n, h, h), dtype=bool)
     for c, name in enumerate(cfg.shapes):  # a loop over K classes, each step vectorised over its samples
         sel = labels == c
@@ -63,6 +66,7 @@ def generate(n: int, seed: int, geometry: Geometry, cfg: ScaleParams) -> TaskDat
         "size_bin": np.where(size < p, "sub", np.where(size < 2 * p, "patch", "multi")),
         "x": x0, "y": y0,
         "straddles": straddles,
+        "rotation": 90 * turns,  # degrees, counter-clockwise
         "id": (size >= lo) & (size <= hi),
         "role": roles(n_eval, n_fit),
     })
