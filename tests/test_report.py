@@ -262,3 +262,14 @@ def test_every_predicted_contrast_is_run_at_the_default_params():
         for task in c["tasks"] or params.distill.tasks:
             assert f"{c['id']}.{task}" in planned, f"{c['id']} on {task}: {c['a']} or {c['b']} not configured"
     assert {f"{f['id']}.{t}" for f in ledger.FLOOR_ROWS for t in f["tasks"]} <= planned
+
+
+def test_every_grid_cell_has_a_main_grid_partner_at_the_default_params():
+    """A grid run (more steps, another size, draw or budget mode) is judged against the same arch and task in the
+    main grid; a grid cell whose arch does not run that task in the main grid would be a pair with one arm."""
+    params = load_params(ROOT / "params.yaml")
+    conf = ledger.configured_cells(params)
+    for name, grid in params.train.grids.items():
+        for arch in grid.archs:
+            missing = set(grid.tasks or ()) - conf[arch]
+            assert not missing, f"train.grids.{name}: {arch} on {sorted(missing)} has no main-grid cell"

@@ -174,10 +174,13 @@ def budget_rows(runs: pd.DataFrame, config: dict) -> list[dict]:
         return []
     same = runs[(runs.source == "runs") & (runs.data_seed == 0) & (runs.train_size == config["train_size"])]
     rows = []
+    main = (config["steps"], config["budget_mode"])
     for (task, arch), g in same.groupby(["task", "arch"], sort=True):
         alts = g[["steps", "budget_mode"]].drop_duplicates()
+        if main not in set(alts.itertuples(index=False, name=None)):
+            continue  # no main-budget partner: a pair with one arm is not a row (steps_to_reach shows the runs)
         for steps, mode in sorted(alts.itertuples(index=False, name=None), key=str):
-            if (steps, mode) == (config["steps"], config["budget_mode"]):
+            if (steps, mode) == main:
                 continue
             rows.append({"id": f"budget.{arch}.{task}.{mode}{int(steps)}", "finding": "budget", "a": arch,
                          "b": arch, "a_cfg": {"steps": steps, "budget_mode": mode}, "task": task, "subset": "test",
