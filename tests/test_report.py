@@ -273,3 +273,10 @@ def test_every_grid_cell_has_a_main_grid_partner_at_the_default_params():
         for arch in grid.archs:
             missing = set(grid.tasks or ()) - conf[arch]
             assert not missing, f"train.grids.{name}: {arch} on {sorted(missing)} has no main-grid cell"
+
+
+def test_a_tied_floor_names_the_shortcut_stage_pick():
+    floors = {"relation": {"floor": 0.53, "floor_baseline": "tokens_bag", "baselines": {
+        "a_plus_b": {"acc": 0.53}, "tokens_bag": {"acc": 0.53}, "colour_a_alone": {"acc": 0.51}}}}
+    assert ledger.floor_of(floors, "relation") == (0.53, "tokens_bag")
+    assert ledger.floor_of(floors, "relation", exclude=("tokens_bag",)) == (0.53, "a_plus_b")

@@ -209,8 +209,11 @@ def floor_of(floors: dict, task: str, exclude: tuple[str, ...] = ()) -> tuple[fl
         rec = floors.get(task) or {}
         return (float(rec["floor"]), rec.get("floor_baseline", "")) if "floor" in rec and not exclude \
             else (math.nan, "")
-    name = max(base, key=lambda k: base[k]["acc"])
-    return float(base[name]["acc"]), name
+    best = max(v["acc"] for v in base.values())
+    tied = [k for k, v in base.items() if v["acc"] == best]
+    recorded = (floors.get(task) or {}).get("floor_baseline")
+    name = recorded if recorded in tied else tied[0]  # a tie names the shortcuts stage's own pick
+    return float(best), name
 
 
 def _empty(row: dict) -> dict:
