@@ -46,7 +46,7 @@ from pipeline.models import build_model
 from pipeline.stages.common import quiet_lightning
 from tests import tiny_repo
 
-LIGHTNING_GOAL, NOOP_GOAL_S = 1.10, 3.0
+LIGHTNING_GOAL, NOOP_GOAL_S, STUDY_GOAL_MIN = 1.10, 3.0, 30
 
 
 # --------------------------------------------------------------------------- 1-2: training step, FLOP/s
@@ -279,7 +279,10 @@ def render(steps: list[StepResult], matmul: float, data: dict[str, float], data_
                   "bench.repro_timing`. A stage lasts until the next one starts.", "",
                   "| stage | seconds |", "|---|---|",
                   *[f"| {k} | {v:,.0f} |" for k, v in stages.items()],
-                  f"| **total (wall)** | {total:,.0f} |"]
+                  f"| **total (wall)** | {total:,.0f} |", "",
+                  f"Against the goal of a full default study in {STUDY_GOAL_MIN} min on this 2-core machine: "
+                  f"{total / 60:.1f} min, {'met' if total <= STUDY_GOAL_MIN * 60 else 'missed'} "
+                  f"({total / 60 / STUDY_GOAL_MIN:.2f}x the goal)."]
     else:
         lines.append("Not measured in this run (no `reports/repro_timing.json`; expected format "
                      "`{\"<stage>\": seconds}`).")
