@@ -51,6 +51,7 @@ def raise_value(item: int) -> int:
     return item
 
 
+@pytest.mark.slow  # starts a local Dask cluster (worker processes)
 def test_cluster_matches_in_process_bit_for_bit():
     seeds = [0, 1, 2]
     local = dict(map_runs(fit_tiny, seeds, workers=1))
@@ -62,12 +63,14 @@ def test_cluster_matches_in_process_bit_for_bit():
             assert torch.equal(local[s][k], remote[s][k]), f"seed {s} {k} differs between in-process and cluster"
 
 
+@pytest.mark.slow  # starts a local Dask cluster (worker processes)
 def test_killed_worker_is_retried(tmp_path):
     out = dict(map_runs(die_once, [str(tmp_path / "die"), str(tmp_path / "live")], workers=2))
     assert (tmp_path / "die").read_text() == "died" and len(out) == 2
     assert all(pid != os.getpid() for pid in out.values())  # ran in worker processes, not here
 
 
+@pytest.mark.slow  # starts a local Dask cluster (worker processes)
 def test_worker_that_keeps_dying_fails_in_one_line(tmp_path):
     with pytest.raises(RunFailed) as err:
         list(map_runs(always_die, ["x", "y"], workers=2, describe=lambda i: f"task/{i}", log_dir=tmp_path))
@@ -76,7 +79,7 @@ def test_worker_that_keeps_dying_fails_in_one_line(tmp_path):
     assert err.value.log is not None and err.value.log.exists()
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_exception_names_the_run_and_logs_the_traceback(tmp_path, workers):
     with pytest.raises(RunFailed) as err:
         list(map_runs(raise_value, [1, 2, 3], workers=workers, describe=lambda i: f"run{i}", log_dir=tmp_path))
@@ -88,6 +91,7 @@ def worker_env() -> dict[str, str]:
     return dict(os.environ)
 
 
+@pytest.mark.slow  # starts a local Dask cluster (worker processes)
 def test_local_cluster_binds_loopback_only(monkeypatch):
     monkeypatch.delenv(executor.ADDRESS_ENV, raising=False)
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")  # as an earlier plain Dask cluster leaves it

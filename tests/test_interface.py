@@ -297,6 +297,7 @@ def tiny_params(tmp_path, monkeypatch):
     return path
 
 
+@pytest.mark.slow  # the whole interface stage, with its MLflow run
 def test_stage_writes_outputs_and_logs_to_mlflow(tiny_params, tmp_path):
     from mlflow.tracking import MlflowClient
 
