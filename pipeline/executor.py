@@ -82,7 +82,7 @@ def dask_client(workers: int, scheduler: str | None = None):
     with dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_WORKER_DEATHS,
                           # Dask's nanny sets MALLOC_TRIM_THRESHOLD_=65536, which also turns off glibc's dynamic mmap
                           # threshold: every activation buffer is mmapped and faulted in afresh, and a training step
-                          # takes twice as long (bench.overheads). Unset, workers step as fast as a plain process.
+                          # takes twice as long (bench/worker_env.py). Unset, workers step as fast as a plain process.
                           MALLOC_TRIM_KEY: None}), \
             LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host=LOOPBACK,
                          dashboard_address=None, memory_limit=0, silence_logs=logging.ERROR) as cluster, \

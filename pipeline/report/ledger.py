@@ -299,8 +299,9 @@ def judge(params, runs: pd.DataFrame, items: cells.Items, floors: dict, disagree
         if row["id"].startswith("distill.teacher"):
             rates = {t: r for (t, task), r in disagreement.items() if task == row["task"]}
             ctx = ", ".join(f"{t} teacher disagrees with labels on {r:.1%}" for t, r in sorted(rates.items()))
-            if len(rates) == 2:  # teachers are not accuracy-matched: the mismatch stands beside the comparison
-                ctx += f"; teacher accuracy mismatch on the students' data {abs(np.subtract(*rates.values())):.1%}"
+            if len(rates) > 1:  # teachers are not accuracy-matched: the mismatch stands beside the comparison
+                gap = max(rates.values()) - min(rates.values())
+                ctx += f"; teacher accuracy mismatch on the students' data {gap:.1%}"
         rows.append({"id": row["id"], "finding": row["finding"], "kind": row["kind"], "task": row["task"],
                      "a": row["a"], "b": row["b"], "subset": row["subset"], "expect": row["expect"],
                      "isolates": row["isolates"], "exact": False, "max_logit_diff": math.nan, **m,
