@@ -145,13 +145,16 @@ def check_inputs(specs: list[RunSpec], params: Params) -> None:
 
 
 def identity(spec: RunSpec, params: Params) -> str:
-    """Identity of a run: what it trains, the params it reads, the code, its teacher's weights.
+    """Identity of a run: what it trains, the params it reads, the data it reads, the code, its teacher's weights.
 
+    The data is the slice manifest, which holds the hashes of the pool (images, labels, factors) and of every
+    index array: regenerated data or new slices make every run new, though its key and params are the same.
     A checkpoint or finished result made under any other identity is never resumed or reused.
     """
     teacher = read_teacher(spec.teacher_dir, spec.key.task)[0]["checkpoint_sha256"] if spec.teacher_dir else None
+    data = hashlib.sha256((spec.slices_dir / "manifest.json").read_bytes()).hexdigest()
     blob = json.dumps({"key": spec.key.__dict__, "stage": spec.stage, "model": spec.model, "teacher": teacher,
-                       "params": run_params(params, spec), "code": code_sha256()}, sort_keys=True)
+                       "data": data, "params": run_params(params, spec), "code": code_sha256()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

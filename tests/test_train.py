@@ -180,6 +180,29 @@ def test_resume_continues_from_checkpoint(runs):
     assert not any((runs["out"]["c"] / "ckpt" / KEY.folder).iterdir())  # a finished run keeps no checkpoints
 
 
+def test_regenerated_data_is_a_new_run(copy_workspace, capsys):
+    """A finished run is kept only for the data it was trained on: regenerate the task (other noise; the params
+    the run reads are the same) and the run trains again instead of being kept."""
+    from pipeline.stages import generate, slice
+
+    ws, params = copy_workspace, load_params(copy_workspace / "params.yaml")
+    with mlflow_store(ws):
+        first = train(ws, ws / "out", params)
+        assert train(ws, ws / "out", params)["identity"] == first["identity"]  # unchanged data: kept
+        assert "already finished with this configuration, kept" in capsys.readouterr().out
+        raw = yaml.safe_load((ws / "params.yaml").read_text())
+        raw["tasks"]["alignment"]["noise"] += 8
+        tiny_repo.write_params(ws / "params.yaml", raw)
+        p, task = str(ws / "params.yaml"), ws / "data/tasks/alignment"
+        assert generate.main(["--params", p, "--task", "alignment", "--out", str(task)]) == 0
+        assert slice.main(["--params", p, "--task", "alignment", "--data", str(task),
+                           "--out", str(ws / "data/slices/alignment")]) == 0
+        again = train(ws, ws / "out", load_params(ws / "params.yaml"))
+    assert "kept" not in capsys.readouterr().out
+    assert again["identity"] != first["identity"]
+    assert again["provenance"]["data_sha256"] != first["provenance"]["data_sha256"]
+
+
 def test_another_data_seed_draws_another_balanced_subset():
     labels = np.repeat(np.arange(4), 50)
     pool = np.arange(200)

@@ -33,5 +33,5 @@ def test_cdn_page_is_blank_offline(tmp_path):
     template = tmp_path / "cdn.html"
     template.write_text(bare)
     with dvc_plots(ROOT, template) as url, Browser() as b:
-        failures = check_dvc_plots(b, url, tmp_path, wait=10)
+        failures = check_dvc_plots(b, url, tmp_path, wait=3)  # offline the CDN fails at once
     assert failures and all("drew nothing" in f for f in failures)
