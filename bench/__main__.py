@@ -41,9 +41,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from bench import data_speed, overheads, worker_env
 from pipeline import budget
 from pipeline.config import Params
-from pipeline.learner import Classifier
+from pipeline.learner import Classifier, quiet_lightning
 from pipeline.models import build_model
-from pipeline.stages.common import quiet_lightning
 from tests import tiny_repo
 
 LIGHTNING_GOAL, NOOP_GOAL_S, STUDY_GOAL_MIN = 1.10, 3.0, 30

@@ -20,7 +20,7 @@ import pandas as pd
 
 from pipeline.config import load_params
 from pipeline.io import write_text, write_with
-from pipeline.stages.common import quiet_lightning
+from pipeline.learner import quiet_lightning
 
 
 def trials(params, tasks: list[str], lrs: list[float], seed: int, scratch: Path):

@@ -47,7 +47,8 @@ def one_run(params, arch: str, steps: int, folder: Path, n_train: int, n_val: in
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import MLFlowLogger
 
-    from pipeline.learner import ArrayData, Classifier, Curves, PhaseTimer, Split, predict
+    from pipeline.experiment import Split
+    from pipeline.learner import ArrayData, Classifier, Curves, PhaseTimer, predict
     from pipeline.models import build_model
 
     r, rt = params.train.recipe, params.train.runtime
@@ -112,7 +113,7 @@ def breakdown(arch: str, steps: int, repeat: int, n_train: int = 4000, n_val: in
     import yaml
 
     from pipeline.config import Params
-    from pipeline.stages.common import quiet_lightning
+    from pipeline.learner import quiet_lightning
     from tests import tiny_repo
 
     quiet_lightning()

@@ -9,12 +9,15 @@ item and the log file holding the full traceback.
 The engine is Dask distributed. With no address it starts a ``LocalCluster`` of ``workers`` single-thread
 worker processes bound to 127.0.0.1 (no dashboard); given an address (``scheduler=`` or the engine's own
 ``DASK_SCHEDULER_ADDRESS``) it submits to that cluster instead. ``workers <= 1`` without an address runs in
-this process (tests, debugging, a profiler). A worker process that dies (SIGKILL, OOM, ``os._exit``) is
-replaced by its nanny and its run is retried; a run that keeps killing workers is a :class:`RunFailed`.
+this process (tests, debugging, a profiler). :func:`worker_pool` starts the cluster before the stage process has
+prepared its runs, the workers importing the training stack meanwhile, so the two start-ups overlap. A worker
+process that dies (SIGKILL, OOM, ``os._exit``) is replaced by its nanny and its run is retried; a run that keeps
+killing workers is a :class:`RunFailed`.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import time
@@ -90,14 +93,37 @@ def dask_client(workers: int, scheduler: str | None = None):
         yield client
 
 
+def _import(modules: tuple[str, ...]) -> None:
+    for name in modules:
+        importlib.import_module(name)
+
+
+@contextmanager
+def worker_pool(workers: int, scheduler: str | None = None, warm: tuple[str, ...] = ()):
+    """The Dask client that :func:`map_runs` can use, started now; its workers import ``warm`` in the background
+    (a worker's imports take ~6 s, as long as the stage process's own). None where runs stay in this process."""
+    address = scheduler_address(scheduler)
+    if address is None and workers <= 1:
+        yield None
+        return
+    with dask_client(workers, address) as client:
+        # before any run on its worker (the highest priority); held until the pool closes, since Dask forgets a task
+        # whose future is dropped
+        warming = [client.submit(_import, warm, workers=[w], pure=False, priority=2**31)
+                   for w in client.scheduler_info()["workers"] if warm]
+        yield client
+        del warming
+
+
 def map_runs(fn: Callable[[Any], Any], items: Iterable[Any], *, workers: int = 1,
              describe: Callable[[Any], str] = str, log_dir: Path | None = None, threads: int = 1,
-             scheduler: str | None = None, cost: Callable[[Any], float] | None = None,
+             scheduler: str | None = None, cost: Callable[[Any], float] | None = None, pool=None,
              ) -> Iterator[tuple[Any, Any]]:
     """Yield ``(item, fn(item))`` as runs finish, printing "run k of n" with an ETA; raise :class:`RunFailed`.
 
     ``threads``: torch threads per run; ``scheduler``: a Dask scheduler address (else ``$DASK_SCHEDULER_ADDRESS``,
-    else a local cluster of ``workers`` processes); ``cost``: a run's expected cost, to start the longest first.
+    else a local cluster of ``workers`` processes); ``cost``: a run's expected cost, to start the longest first;
+    ``pool``: a client from :func:`worker_pool` to run on (it stays open after this).
     """
     items = longest_first(list(items), cost)
     n, t0 = len(items), time.monotonic()
@@ -118,8 +144,12 @@ def map_runs(fn: Callable[[Any], Any], items: Iterable[Any], *, workers: int = 1
         return RunFailed(describe(item), summary, log)
 
     address = scheduler_address(scheduler)
-    outcomes = (_in_process(fn, items, threads) if address is None and (workers <= 1 or n <= 1)
-                else _on_cluster(fn, items, threads, min(workers, n), address))
+    if pool is not None:
+        outcomes = _as_completed(pool, fn, items, threads)
+    elif address is None and (workers <= 1 or n <= 1):
+        outcomes = _in_process(fn, items, threads)
+    else:
+        outcomes = _on_cluster(fn, items, threads, min(workers, n), address)
     try:
         for k, (item, ok, out) in enumerate(outcomes, 1):
             if not ok:
@@ -137,23 +167,27 @@ def _in_process(fn: Callable, items: list[Any], threads: int) -> Iterator[tuple[
 
 def _on_cluster(fn: Callable, items: list[Any], threads: int, workers: int,
                 address: str | None) -> Iterator[tuple[Any, bool, Any]]:
+    with dask_client(workers, address) as client:
+        yield from _as_completed(client, fn, items, threads)
+
+
+def _as_completed(client, fn: Callable, items: list[Any], threads: int) -> Iterator[tuple[Any, bool, Any]]:
     """``(item, ok, result or (summary, traceback))`` in completion order; a dead worker's run is retried by the
     scheduler (``allowed-failures``) and reported as failed after that."""
     from distributed import as_completed
 
-    with dask_client(workers, address) as client:
-        # priority keeps the (longest-first) order when more runs than workers wait for a slot
-        futures = {client.submit(_call, fn, item, threads, pure=False, priority=n - i): item
-                   for n in [len(items)] for i, item in enumerate(items)}
-        try:
-            for future in as_completed(futures):
-                item = futures[future]
-                try:
-                    ok, out = future.result()
-                except Exception as err:  # noqa: BLE001 - KilledWorker and friends: the process itself died
-                    ok, out = False, (f"{type(err).__name__}: worker process died "
-                                      f"({str(err).splitlines()[0] if str(err) else 'no message'})",
-                                      traceback.format_exc())
-                yield item, ok, out
-        finally:
-            client.cancel(list(futures))
+    # priority keeps the (longest-first) order when more runs than workers wait for a slot
+    futures = {client.submit(_call, fn, item, threads, pure=False, priority=n - i): item
+               for n in [len(items)] for i, item in enumerate(items)}
+    try:
+        for future in as_completed(futures):
+            item = futures[future]
+            try:
+                ok, out = future.result()
+            except Exception as err:  # noqa: BLE001 - KilledWorker and friends: the process itself died
+                ok, out = False, (f"{type(err).__name__}: worker process died "
+                                  f"({str(err).splitlines()[0] if str(err) else 'no message'})",
+                                  traceback.format_exc())
+            yield item, ok, out
+    finally:
+        client.cancel(list(futures))

@@ -54,10 +54,18 @@ class Job:
 
 
 # --------------------------------------------------------------------------- data
-def load_split(spec: RunSpec):
-    """Arrays + indices for a task; every missing or inconsistent file is a one-line :class:`StageError`."""
-    from pipeline.learner import Split
+@dataclass(frozen=True)
+class Split:
+    """Arrays of one task, cut by the slice stage's indices."""
 
+    images: np.ndarray  # (N, H, W, C) uint8
+    labels: np.ndarray  # (N,) int64
+    indices: dict[str, np.ndarray]  # "train_<n>", "val", "test", "slice/<factor>=<value>"
+    num_classes: int
+
+
+def load_split(spec: RunSpec) -> Split:
+    """Arrays + indices for a task; every missing or inconsistent file is a one-line :class:`StageError`."""
     files = {k: spec.data_dir / f for k, f in
              {"images": "images.npy", "labels": "labels.npy", "meta": "meta.json"}.items()}
     files["indices"] = spec.slices_dir / "indices.npz"
@@ -235,9 +243,10 @@ def fit(job: Job) -> dict:
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from pipeline.learner import ArrayData, Classifier, Curves, PhaseTimer
+    from pipeline.learner import ArrayData, Classifier, Curves, PhaseTimer, quiet_lightning
     from pipeline.models import build_model
 
+    quiet_lightning()
     spec, params = job.spec, job.params
     recipe, rt = params.train.recipe, params.train.runtime
     split, manifest = load_split(spec)
@@ -439,8 +448,10 @@ def run_cost(job: Job) -> float:
     return job.spec.key.steps * STEP_COST.get(job.spec.model, 1.0)
 
 
-def execute(specs: list[RunSpec], params: Params, stage: str, name: str, ckpt_root: Path) -> list[dict]:
-    """Run every spec (finished ones are kept) under one parent MLflow run; returns every run's metrics."""
+def execute(specs: list[RunSpec], params: Params, stage: str, name: str, ckpt_root: Path, pool=None) -> list[dict]:
+    """Run every spec (finished ones are kept) under one parent MLflow run; returns every run's metrics.
+
+    ``pool``: a started :func:`pipeline.executor.worker_pool` (else the runtime params decide where runs go)."""
     print(f"[{datetime.now():%H:%M:%S}] == {name}: {len(specs)} runs on {params.train.runtime.workers} worker(s)",
           flush=True)
     check_inputs(specs, params)
@@ -451,7 +462,7 @@ def execute(specs: list[RunSpec], params: Params, stage: str, name: str, ckpt_ro
             rt = params.train.runtime
             for job, result in map_runs(fit, jobs, workers=rt.workers, threads=rt.threads, scheduler=rt.scheduler,
                                         describe=lambda j: j.spec.name, log_dir=_log_dir(ckpt_root),
-                                        cost=run_cost):
+                                        cost=run_cost, pool=pool):
                 results.append(m := record(job, result, tracker, run_ids[job.spec.name]))
                 pending.pop(job.spec.name)
                 print(f"  {job.spec.name}: test acc {m['test_acc']:.3f}", flush=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import lightning as L
 import numpy as np
@@ -21,6 +21,9 @@ from timm.optim import param_groups_weight_decay
 from torch import nn
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
+if TYPE_CHECKING:
+    from pipeline.experiment import Split
+
 # uint8 images -> roughly zero-mean, unit-scale floats; the same fixed map for every task and architecture.
 PIXEL_MEAN, PIXEL_STD = 127.5, 64.0
 
@@ -29,16 +32,6 @@ def to_tensor(images: np.ndarray) -> torch.Tensor:
     """(N, H, W, C) uint8 -> (N, C, H, W) float32, normalised."""
     x = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).float()
     return (x - PIXEL_MEAN) / PIXEL_STD
-
-
-@dataclass(frozen=True)
-class Split:
-    """Arrays of one task, cut by the slice stage's indices."""
-
-    images: np.ndarray  # (N, H, W, C) uint8
-    labels: np.ndarray  # (N,) int64
-    indices: dict[str, np.ndarray]  # "train_<n>", "val", "test", "slice/<factor>=<value>"
-    num_classes: int
 
 
 class StepBatches(Sampler[list[int]]):
@@ -325,3 +318,24 @@ def slice_accuracy(pred: np.ndarray, labels: np.ndarray, indices: dict[str, np.n
         if len(idx):
             out[key] = {"acc": float((pred[idx] == labels[idx]).mean()), "n": int(len(idx))}
     return out
+
+
+def quiet_lightning() -> None:
+    """Keep stage logs to what a reader needs: Lightning's banners and tips say nothing about the run.
+
+    Called where a run fits (a worker process or the stage process); Lightning's import (above) has set its
+    loggers to INFO by then."""
+    import logging
+    import warnings
+
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*(LeafSpec|logging interval|does not have many workers).*")
+    # Safe here: a run's batches are a function of the global step (pipeline.learner.StepBatches), so a
+    # mid-epoch resume with a fresh dataloader continues the exact batch sequence.
+    warnings.filterwarnings("ignore", message=".*dataloader is not resumable.*")
+    # The checkpoint folder holds the run's identity stamp (config.json) beside last.ckpt by design.
+    warnings.filterwarnings("ignore", message=".*Checkpoint directory .* exists and is not empty.*")
+    # A DeiT student's frozen teacher is a submodule kept in eval mode on purpose.
+    warnings.filterwarnings("ignore", message=".*module\\(s\\) in eval mode at the start of training.*")
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)

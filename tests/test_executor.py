@@ -63,6 +63,25 @@ def test_cluster_matches_in_process_bit_for_bit():
             assert torch.equal(local[s][k], remote[s][k]), f"seed {s} {k} differs between in-process and cluster"
 
 
+def imported(name: str) -> bool:
+    return name in sys.modules
+
+
+@pytest.mark.slow  # starts a local Dask cluster (worker processes)
+def test_pool_started_first_imports_on_every_worker_and_matches_in_process():
+    seeds = [0, 1, 2]
+    local = dict(map_runs(fit_tiny, seeds, workers=1))
+    with executor.worker_pool(2, warm=("tabnanny",)) as pool:
+        workers = list(pool.scheduler_info()["workers"])
+        assert not imported("tabnanny") and len(workers) == 2  # a module nothing else imports
+        remote = dict(map_runs(fit_tiny, seeds, workers=2, pool=pool))
+        assert all(pool.submit(imported, "tabnanny", workers=[w], pure=False).result() for w in workers)
+    for s in seeds:
+        assert all(torch.equal(local[s][k], remote[s][k]) for k in local[s]), s
+    with executor.worker_pool(1, warm=("tabnanny",)) as pool:
+        assert pool is None  # one worker and no address: runs stay in this process
+
+
 @pytest.mark.slow  # starts a local Dask cluster (worker processes)
 def test_killed_worker_is_retried(tmp_path):
     out = dict(map_runs(die_once, [str(tmp_path / "die"), str(tmp_path / "live")], workers=2))

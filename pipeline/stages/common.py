@@ -86,26 +86,6 @@ def one_line(message: str) -> str:
     return "; ".join(part.strip() for part in message.splitlines() if part.strip())
 
 
-def quiet_lightning() -> None:
-    """Keep stage logs to what a reader needs: Lightning's banners and tips say nothing about the run."""
-    import logging
-    import warnings
-
-    import lightning.pytorch  # noqa: F401 - its import sets these loggers to INFO: import first, then lower them
-
-    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message=".*(LeafSpec|logging interval|does not have many workers).*")
-    # Safe here: a run's batches are a function of the global step (pipeline.learner.StepBatches), so a
-    # mid-epoch resume with a fresh dataloader continues the exact batch sequence.
-    warnings.filterwarnings("ignore", message=".*dataloader is not resumable.*")
-    # The checkpoint folder holds the run's identity stamp (config.json) beside last.ckpt by design.
-    warnings.filterwarnings("ignore", message=".*Checkpoint directory .* exists and is not empty.*")
-    # A DeiT student's frozen teacher is a submodule kept in eval mode on purpose.
-    warnings.filterwarnings("ignore", message=".*module\\(s\\) in eval mode at the start of training.*")
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
-
-
 def add_run_paths(parser) -> None:
     """The folders every training stage (train, teacher, distill) reads and writes; values come from dvc.yaml."""
     parser.add_argument("--data", type=Path, required=True, help="data/tasks (one folder per task)")
@@ -122,16 +102,27 @@ def training_parser(doc: str | None, option: str, help: str) -> argparse.Argumen
     return p
 
 
+# What a training worker imports before its first run (pipeline.executor.worker_pool).
+WORKER_IMPORTS = ("torch", "lightning", "timm", "pipeline.experiment", "pipeline.learner", "pipeline.models")
+
+
 def run_training(stage: str, name: str, keys: list, params: Params, args: argparse.Namespace,
                  **spec_options) -> list[dict]:
     """Run ``keys`` as ``stage`` runs (finished ones are kept, interrupted ones resume), then drop the outputs
-    of runs no longer configured; returns every run's metrics."""
-    quiet_lightning()
-    from pipeline.experiment import execute, prune
-    from pipeline.grid import specs_for
+    of runs no longer configured; returns every run's metrics.
 
-    specs = specs_for(stage, keys, args.data, args.slices, args.out, args.ckpt, **spec_options)
-    results = execute(specs, params, stage, f"{stage}/{name}", args.ckpt)
+    The workers start first and import the training stack while this process imports its own, checks the
+    inputs and opens the MLflow runs; Lightning is imported only where a run fits (a worker, or this process
+    without workers)."""
+    from pipeline.executor import worker_pool
+
+    rt = params.train.runtime
+    with worker_pool(rt.workers if len(keys) > 1 else 1, rt.scheduler, WORKER_IMPORTS) as pool:
+        from pipeline.experiment import execute, prune
+        from pipeline.grid import specs_for
+
+        specs = specs_for(stage, keys, args.data, args.slices, args.out, args.ckpt, **spec_options)
+        results = execute(specs, params, stage, f"{stage}/{name}", args.ckpt, pool)
     prune(args.out, [s.out_dir for s in specs])  # after success: a failed stage changes nothing
     return results
 
