@@ -38,7 +38,7 @@ import torch.nn.functional as F
 import yaml
 from torch.utils.data import DataLoader, TensorDataset
 
-from bench import data_speed, overheads, worker_env
+from bench import data_speed, overheads, startup, worker_env
 from pipeline import budget
 from pipeline.config import Params
 from pipeline.learner import Classifier, quiet_lightning
@@ -328,6 +328,33 @@ def render_worker_env(rows: list[dict]) -> list[str]:
     return lines
 
 
+def render_startup(rows: list[dict], exit_rows: list[dict]) -> list[str]:
+    """A training stage's start-up, cold vs warm workers (bench/startup.py); nothing in small mode."""
+    if not rows:
+        return []
+    by = {r["mode"]: r for r in rows}
+    lines = ["", "## A training stage's start-up", "",
+             "From a fresh stage process to two workers ready to train (median of "
+             f"{rows[0]['repeats']} fresh processes per mode, `python -m bench.startup`): the process starts the "
+             "Dask pool, imports what the stage process imports (run preparation, MLflow) and gives each worker a "
+             "first task that needs the training stack. *cold*: workers import it when that task arrives (the "
+             "executor before `worker_pool`); *warm*: `worker_pool` has them import it from the start, alongside "
+             "the stage process. Closing the pool is timed apart: workers that have imported torch and Lightning "
+             "take seconds to tear their modules down.", "",
+             "| mode | ready (s) | pool close (s) | whole process (s) |", "|---|---|---|---|"]
+    for mode in startup.MODES:
+        r = by[mode]
+        lines.append(f"| {mode} | {r['ready_s']:.2f} | {r['close_s']:.2f} | {r['process_s']:.2f} |")
+    lines.append(f"\nWarm workers save {by['cold']['ready_s'] - by['warm']['ready_s']:.2f} s per training stage.")
+    exits = {r["mode"]: r["exit_s"] for r in exit_rows}
+    lines += ["", "A process's exit after importing torch, timm, Lightning and MLflow (median of "
+              f"{exit_rows[0]['repeats']}; wall time minus imports): {exits['plain']:.2f} s as is, "
+              f"{exits['frozen']:.2f} s after `gc.freeze()`, which every stage run as a program does at its end "
+              "(`pipeline/stages/common.py`) and every Dask worker at its close (`pipeline/executor.py`): the "
+              "interpreter's last collections then skip the objects those libraries made."]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(argv) if argv is not None else sys.argv[1:]
     if argv[:1] == ["phases"]:
@@ -377,8 +404,11 @@ def main(argv: list[str] | None = None) -> int:
         phases.append(overheads.breakdown(arch, 20 if small else params.train.recipe.steps, repeat=1))
         print(f"{arch}: steps {phases[-1]['step_share']:.1%} of a run's wall time", flush=True)
     workers = worker_env.measure(args.archs[:1] if small else args.archs, 20 if small else 200)
+    # fresh processes (with Dask clusters): not in CI's small mode
+    starts, exits = ([], []) if small else (startup.measure(5), startup.measure_exit(5))
     text = render(results, matmul, data, data_n, dvc, timing, "small" if small else "full", params)
-    write_text(args.out, text + "\n".join(render_phases(phases) + render_worker_env(workers)) + "\n")
+    sections = render_phases(phases) + render_worker_env(workers) + render_startup(starts, exits)
+    write_text(args.out, text + "\n".join(sections) + "\n")
     print(f"-> {args.out}")
     return 0
 

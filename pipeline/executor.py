@@ -71,6 +71,20 @@ def scheduler_address(scheduler: str | None = None) -> str | None:
     return scheduler or os.environ.get(ADDRESS_ENV) or None
 
 
+def _freeze_at_close():
+    """A worker plugin: freeze the GC when the worker closes, so its process exits without the interpreter's last
+    collections walking every object torch and Lightning made (as :func:`pipeline.stages.common.stage_main`)."""
+    from distributed import WorkerPlugin
+
+    class FreezeAtClose(WorkerPlugin):
+        def teardown(self, worker) -> None:
+            import gc
+
+            gc.freeze()
+
+    return FreezeAtClose()
+
+
 @contextmanager
 def dask_client(workers: int, scheduler: str | None = None):
     """A Dask client: on an existing cluster at ``scheduler``, or on a loopback-only local cluster."""
@@ -90,6 +104,7 @@ def dask_client(workers: int, scheduler: str | None = None):
             LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host=LOOPBACK,
                          dashboard_address=None, memory_limit=0, silence_logs=logging.ERROR) as cluster, \
             Client(cluster) as client:
+        client.register_plugin(_freeze_at_close(), name="freeze-at-close")
         yield client
 
 

@@ -1,0 +1,117 @@
+"""A training stage's start-up: from a fresh stage process to two workers ready to train, cold vs warm.
+
+``python -m bench.startup [--repeats 3]`` prints JSON. Each measurement is a fresh interpreter doing what a
+training stage does before its first step (``pipeline.stages.common.run_training``): start the Dask pool, import
+what the stage process imports (the run preparation and MLflow), and hand each worker a first task that needs the
+training stack. *cold*: the workers import it when that task arrives (the executor before ``worker_pool``);
+*warm*: ``worker_pool`` has them import it from the start, alongside the stage process's own imports. Then the
+pool closes, and that is timed too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODES = ("cold", "warm")
+EXITS = ("plain", "frozen")
+
+
+def first_task(_item: int) -> int:
+    """A worker's first run: the training stack, imported here if the warm-up has not done it."""
+    from pipeline.executor import _import
+    from pipeline.stages.common import WORKER_IMPORTS
+
+    _import(WORKER_IMPORTS)
+    return 0
+
+
+def child(mode: str) -> dict:
+    """In a fresh process: seconds from here to both workers ready, and for the pool to close."""
+    t0 = time.perf_counter()
+    from pipeline.executor import worker_pool
+    from pipeline.stages.common import WORKER_IMPORTS
+
+    pool_cm = worker_pool(2, None, WORKER_IMPORTS if mode == "warm" else ())
+    pool = pool_cm.__enter__()
+    import mlflow  # noqa: F401 - the stage process's own imports
+
+    import pipeline.experiment  # noqa: F401
+    import pipeline.tracking  # noqa: F401
+
+    workers = list(pool.scheduler_info()["workers"])
+    pool.gather([pool.submit(first_task, i, workers=[w], pure=False) for i, w in enumerate(workers)])
+    ready = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    pool_cm.__exit__(None, None, None)
+    return {"mode": mode, "ready_s": ready, "close_s": time.perf_counter() - t1}
+
+
+def exit_child(mode: str) -> dict:
+    """In a fresh process: import the stack and report how long that took; the caller times the whole process."""
+    import gc
+
+    t0 = time.perf_counter()
+    import lightning  # noqa: F401
+    import mlflow  # noqa: F401
+    import timm  # noqa: F401
+    import torch  # noqa: F401
+
+    if mode == "frozen":
+        gc.freeze()
+    return {"mode": mode, "imports_s": time.perf_counter() - t0}
+
+
+def _medians(flag: str, modes: tuple[str, ...], repeats: int, key) -> list[dict]:
+    """Per mode, the median row (by ``key``) of ``repeats`` fresh ``python -m bench.startup <flag> <mode>``
+    processes run alternately; each row gains ``process_s``, the process's wall time."""
+    runs = {m: [] for m in modes}
+    for _ in range(repeats):
+        for mode in modes:
+            start = time.perf_counter()
+            out = subprocess.run([sys.executable, "-m", "bench.startup", flag, mode], capture_output=True,
+                                 text=True, check=True, cwd=ROOT)
+            row = json.loads(out.stdout.strip().splitlines()[-1])
+            runs[mode].append({**row, "process_s": time.perf_counter() - start})
+    rows = []
+    for mode in modes:
+        ordered = sorted(runs[mode], key=key)
+        rows.append({**ordered[len(ordered) // 2], "repeats": repeats})
+        print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in rows[-1].items()}), flush=True)
+    return rows
+
+
+def measure(repeats: int) -> list[dict]:
+    """Cold vs warm start-up: seconds to both workers ready, and to close the pool (median by readiness)."""
+    return _medians("--child", MODES, repeats, key=lambda r: r["ready_s"])
+
+
+def measure_exit(repeats: int) -> list[dict]:
+    """Plain vs frozen exit: the process's wall time minus its imports (median)."""
+    rows = _medians("--exit", EXITS, repeats, key=lambda r: r["process_s"] - r["imports_s"])
+    return [{**r, "exit_s": r["process_s"] - r["imports_s"]} for r in rows]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
+    ap.add_argument("--exit", choices=EXITS, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.child)), flush=True)
+    elif args.exit:
+        print(json.dumps(exit_child(args.exit)), flush=True)
+    else:
+        measure(args.repeats)
+        measure_exit(args.repeats)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
