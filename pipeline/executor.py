@@ -122,12 +122,14 @@ def worker_pool(workers: int, scheduler: str | None = None, warm: tuple[str, ...
         yield None
         return
     with dask_client(workers, address) as client:
-        # before any run on its worker (the highest priority); held until the pool closes, since Dask forgets a task
-        # whose future is dropped
+        # before any run on its worker (the highest priority); the futures are held while the pool is open, since
+        # Dask forgets a task whose future is dropped
         warming = [client.submit(_import, warm, workers=[w], pure=False, priority=2**31)
-                   for w in client.scheduler_info()["workers"] if warm]
-        yield client
-        del warming
+                   for w in client.scheduler_info()["workers"]] if warm else []
+        try:
+            yield client
+        finally:
+            warming.clear()
 
 
 def map_runs(fn: Callable[[Any], Any], items: Iterable[Any], *, workers: int = 1,
