@@ -3,7 +3,7 @@
     python -m bench.dag --out docs/dag.md
 
 At full size the graph is dense (every training stage reads every task's slices), so the page leads with the same
-graph folded by stage family (``train@vit`` and ``train@swin`` become ``train@*``, with their members listed) and
+graph folded by stage family (``data@scale`` and ``data@relation`` become ``data@*``, with their members listed) and
 keeps DVC's full output below it.
 """
 

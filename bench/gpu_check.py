@@ -45,10 +45,11 @@ def _data(root: Path, params_file: Path) -> None:
 
 def _fit(arch: str, params, root: Path, tag: str) -> dict:
     from pipeline.experiment import Job, fit, identity
-    from pipeline.grid import specs_for, train_keys
+    from pipeline.grid import Folders, specs_for, train_keys
 
     key = next(k for k in train_keys(params, arch) if k.task == "alignment" and k.seed == 0 and k.data_seed == 0)
-    spec = specs_for("train", [key], root / "tasks", root / "slices", root / f"runs/{tag}", root / f"ckpt/{tag}")[0]
+    at = Folders(root / "tasks", root / "slices", root / f"runs/{tag}", root / f"ckpt/{tag}")
+    spec = specs_for("train", [key], at)[0]
     t0 = time.perf_counter()
     result = fit(Job(spec, params, identity(spec, params), None))
     wall = time.perf_counter() - t0

@@ -5,9 +5,10 @@
 ``--log`` is the console of the repro with a Unix timestamp prefixed to every line (for example
 ``make repro | while read l; do echo "$(date +%s.%N) $l"; done``). A stage lasts from its ``Running stage``
 line to the next one (the last one to the final line). Inside a training stage the runs' own
-``metrics.json`` say how long each fit took and which share of it was optimizer steps
-(``measured.phases_s``, :class:`pipeline.learner.PhaseTimer`); the rest of the stage's wall time (process start,
-imports, the Dask cluster, evaluation, writing outputs, MLflow) is its overhead. Writes
+``metrics.json`` say how long each run took in its worker (``measured.run_s``: data, model, fit, evaluation), how
+long its fit took and which share of it was optimizer steps (``measured.phases_s``,
+:class:`pipeline.learner.PhaseTimer`); the rest of the stage's worker time (process start, imports, the Dask
+cluster, writing outputs and MLflow while workers wait, idle workers at the end) is its overhead. Writes
 ``repro_timing.json`` (what ``python -m bench`` renders into performance.md) and ``repro_breakdown.md``.
 """
 
@@ -23,6 +24,17 @@ import pandas as pd
 from pipeline.io import write_json, write_text
 
 STAGE = re.compile(r"Running stage '([^']+)'")
+CPU = re.compile(r"^(\w+): \d+ runs; the stage process used ([\d.]+) s of CPU")  # pipeline.stages.common
+
+
+def stage_cpu(logs: list[Path]) -> dict[str, float]:
+    """{training stage: CPU seconds its own process used} summed over the logs (taken from the workers' cores)."""
+    cpu: dict[str, float] = {}
+    for log in logs:
+        for line in log.read_text(errors="replace").splitlines():
+            if m := CPU.match(line.partition(" ")[2]):
+                cpu[m.group(1)] = cpu.get(m.group(1), 0.0) + float(m.group(2))
+    return cpu
 
 
 def stage_times(logs: list[Path]) -> tuple[dict[str, float], float]:
@@ -55,18 +67,20 @@ def run_rows(repo: Path) -> pd.DataFrame:
         m = json.loads(path.read_text())
         measured = m.get("measured", {})
         phases = measured.get("phases_s") or {}
-        family = path.relative_to(repo / "data").parts[0]  # runs | teachers
-        stage = "teacher" if family == "teachers" else ("distill" if m.get("teacher") else "train")
-        rows.append({"stage": f"{stage}@{m['arch']}", "arch": m["arch"],
+        family = path.relative_to(repo / "data").parts[0]  # runs (the train stage) | teachers
+        rows.append({"stage": "teacher" if family == "teachers" else "train", "arch": m["arch"],
                      "fit_s": phases.get("fit", measured.get("wall_time_s", 0.0)), "steps_s": phases.get("steps", 0.0),
+                     "run_s": measured.get("run_s", float("nan")),  # absent before the run's own timer existed
                      "optimizer_steps": m.get("budget", {}).get("optimizer_steps")})
     return pd.DataFrame(rows)
 
 
-def breakdown(times: dict[str, float], runs: pd.DataFrame, workers: int) -> pd.DataFrame:
-    per_stage = runs.groupby("stage").agg(runs=("fit_s", "size"), fit_s=("fit_s", "sum"), steps_s=("steps_s", "sum"))
+def breakdown(times: dict[str, float], runs: pd.DataFrame, workers: int, cpu: dict[str, float]) -> pd.DataFrame:
+    per_stage = runs.groupby("stage").agg(runs=("fit_s", "size"), run_s=("run_s", "sum"), fit_s=("fit_s", "sum"),
+                                          steps_s=("steps_s", "sum"))
     table = pd.DataFrame({"wall_s": pd.Series(times)}).join(per_stage, how="left").fillna(0)
     table["worker_s"] = table.wall_s * workers
+    table["stage_cpu_s"] = pd.Series(cpu)
     # Share of the stage's worker time spent in optimizer steps (2 workers: the stage's wall time twice over).
     table["steps_share"] = (table.steps_s / table.worker_s).where(table.runs > 0)
     return table
@@ -82,12 +96,15 @@ def main(argv: list[str] | None = None) -> int:
     times, total = stage_times(args.log)
     attempts = len(args.log)
     runs = run_rows(args.repo)
-    table = breakdown(times, runs, args.workers)
+    table = breakdown(times, runs, args.workers, stage_cpu(args.log))
     write_json(args.out / "repro_timing.json", {**times, "total": total})
     train = table[table.runs > 0]
-    per_arch = runs.groupby("arch").agg(runs=("fit_s", "size"), mean_fit_s=("fit_s", "mean"),
-                                        steps_share_of_fit=("steps_s", "sum"))
-    per_arch["steps_share_of_fit"] = per_arch.steps_share_of_fit / runs.groupby("arch").fit_s.sum()
+    sums = runs.groupby("arch")[["run_s", "fit_s", "steps_s"]].sum(min_count=1)
+    per_arch = runs.groupby("arch").agg(runs=("fit_s", "size"), mean_run_s=("run_s", "mean"),
+                                        mean_fit_s=("fit_s", "mean"))
+    per_arch["steps_share_of_run"] = sums.steps_s / sums.run_s
+    per_arch["steps_share_of_fit"] = sums.steps_s / sums.fit_s
+    whole = runs[["run_s", "steps_s"]].sum(min_count=1)
     lines = [
         "# Full `dvc repro`: where the wall time went", "",
         "Written by `python -m bench.repro_breakdown` from the timestamped console of one fresh-clone `make repro` "
@@ -98,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{train.steps_s.sum() / 60:.1f} worker-minutes in optimizer steps out of {train.worker_s.sum() / 60:.1f} "
         f"({train.steps_s.sum() / max(train.worker_s.sum(), 1e-9):.0%}) with {args.workers} workers; the rest is "
         "process start and imports, the Dask cluster, evaluation (natural-image subgroups and the resolution sweep "
-        "included), writing outputs and MLflow, and workers idle at a stage's end.", "",
+        "included), writing outputs and MLflow, and workers idle at a stage's end. Inside the runs themselves "
+        f"(the worker's time from loading the data to the last evaluation, `measured.run_s`), optimizer steps take "
+        f"{whole.steps_s / whole.run_s:.0%} of {whole.run_s / 60:.1f} worker-minutes.", "",
         "## Per stage", "", table.reset_index(names="stage").to_markdown(index=False, floatfmt=".2f"), "",
         "## Per architecture (every run of the study)", "",
         per_arch.reset_index().to_markdown(index=False, floatfmt=".3f"), "",

@@ -511,6 +511,8 @@ class Params(Section):
         if self.distill.teacher_size <= t.size:
             raise ValueError(f"distill.teacher_size: {self.distill.teacher_size} must exceed train.size {t.size} "
                              "(teachers train on the images students do not see)")
+        if clash := sorted(set(self.distill.students) & set(t.archs)):  # both write data/runs/<name>
+            raise ValueError(f"distill.students: {clash} also named in train.archs")
         return self
 
     @model_validator(mode="after")

@@ -198,7 +198,7 @@ def _as_completed(client, fn: Callable, items: list[Any], threads: int) -> Itera
                for n in [len(items)] for i, item in enumerate(items)}
     try:
         for future in as_completed(futures):
-            item = futures[future]
+            item = futures.pop(future)  # dropped once read: the cluster frees the result (weights, logits)
             try:
                 ok, out = future.result()
             except Exception as err:  # noqa: BLE001 - KilledWorker and friends: the process itself died

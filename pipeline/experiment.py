@@ -28,7 +28,7 @@ from pipeline import budget, tracking
 from pipeline.config import Params
 from pipeline.errors import StageError
 from pipeline.executor import RunFailed, map_runs
-from pipeline.grid import RunSpec
+from pipeline.grid import RunSpec, at_main_budget
 from pipeline.io import write_json, write_with
 from pipeline.provenance import (
     PROVENANCE,
@@ -119,7 +119,7 @@ def redraw(pool: np.ndarray, official: np.ndarray, labels: np.ndarray, data_seed
 def training_indices(spec: RunSpec, split, params: Params) -> np.ndarray:
     """The images a run trains on: its subset, another draw of it, or (teachers) the transfer set."""
     where, k = spec.slices_dir / "indices.npz", spec.key
-    if spec.stage == "teacher":  # disjoint from the students' images (the subsets are nested)
+    if spec.kind == "teacher":  # disjoint from the students' images (the subsets are nested)
         outer = _subset(split.indices, params.distill.teacher_size, where)
         return np.setdiff1d(outer, _subset(split.indices, params.train.size, where))
     own = _subset(split.indices, k.train_size, where)
@@ -161,7 +161,7 @@ def identity(spec: RunSpec, params: Params) -> str:
     """
     teacher = read_teacher(spec.teacher_dir, spec.key.task)[0]["checkpoint_sha256"] if spec.teacher_dir else None
     data = hashlib.sha256((spec.slices_dir / "manifest.json").read_bytes()).hexdigest()
-    blob = json.dumps({"key": spec.key.__dict__, "stage": spec.stage, "model": spec.model, "teacher": teacher,
+    blob = json.dumps({"key": spec.key.__dict__, "kind": spec.kind, "model": spec.model, "teacher": teacher,
                        "data": data, "params": run_params(params, spec), "code": code_sha256()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -247,6 +247,7 @@ def fit(job: Job) -> dict:
     from pipeline.models import build_model
 
     quiet_lightning()
+    t_run = time.perf_counter()
     spec, params = job.spec, job.params
     recipe, rt = params.train.recipe, params.train.runtime
     split, manifest = load_split(spec)
@@ -283,9 +284,12 @@ def fit(job: Job) -> dict:
                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                 "phases_s": timer.seconds, "step_share": timer.step_share}
     extra = ({"student_train": _subset(split.indices, params.train.size, spec.slices_dir)}
-             if spec.stage == "teacher" else {})
+             if spec.kind == "teacher" else {})
+    t_eval = time.perf_counter()
     evaluation = {**evaluate(model, split, rt.eval_batch_size, extra),
                   **evaluate_factors(model, spec, split, params)}
+    # the run's whole time in the worker (data, model, fit, evaluation): what its steps are a share of
+    measured.update(evaluate_s=time.perf_counter() - t_eval, run_s=time.perf_counter() - t_run)
     return {"evaluation": evaluation,
             "val_acc": float(val) if val is not None else None, "curve": curves.rows, "series": curves.series,
             "budget": budget.count_budget(model, params, steps, record), "measured": measured,
@@ -314,13 +318,6 @@ def evaluate(model, split, batch_size: int, extra: dict[str, np.ndarray]) -> dic
         sets[name] = {"acc": acc, "disagreement": 1.0 - acc, "n": int(len(idx))}
     return {"test_idx": test_idx, "logits": logits, "slices": slice_accuracy(pred, split.labels, split.indices),
             "shift_consistency": float((shifted.argmax(-1) == logits.argmax(-1)).mean()), "sets": sets}
-
-
-def at_main_budget(spec: RunSpec, params: Params) -> bool:
-    """Is this run a cell of the main grid (``train.size``, the recipe's steps and budget mode, the official
-    draw)? Only those get the subgroup and resolution evaluations, so those tables never pool grid points."""
-    k, r = spec.key, params.train.recipe
-    return (k.train_size, k.steps, k.budget_mode, k.data_seed) == (params.train.size, r.steps, r.budget_mode, 0)
 
 
 def evaluate_factors(model, spec: RunSpec, split, params: Params) -> dict:
@@ -361,7 +358,7 @@ def compose(job: Job, result: dict, run_id: str) -> dict:
         **ev["sets"],
         **{k: ev[k] for k in ("subgroups", "resolution") if k in ev},
     }
-    if spec.stage == "teacher":
+    if spec.kind == "teacher":
         p = job.params
         metrics["transfer_set"] = f"train_{p.distill.teacher_size} minus train_{p.train.size}"
     return metrics
@@ -399,7 +396,7 @@ def record(job: Job, result: dict, tracker: tracking.StageRun, run_id: str) -> d
     weights = write_with(spec.out_dir / WEIGHTS, lambda tmp: torch.save(result["state_dict"], tmp))
     write_with(spec.out_dir / "predictions.npz",
                lambda tmp: np.savez_compressed(tmp.open("wb"), index=ev["test_idx"], logits=ev["logits"]))
-    if spec.stage == "teacher":
+    if spec.kind == "teacher":
         uri = tracker.artifact(weights, run_id, "model")
         rec = teacher_record(metrics, weights, run_id, uri, metrics["transfer_set"])
         tracker.log(run_id, tags={f"teacher.{k}": v for k, v in rec.items()})
@@ -448,14 +445,15 @@ def run_cost(job: Job) -> float:
     return job.spec.key.steps * STEP_COST.get(job.spec.model, 1.0)
 
 
-def execute(specs: list[RunSpec], params: Params, stage: str, name: str, ckpt_root: Path, pool=None) -> list[dict]:
-    """Run every spec (finished ones are kept) under one parent MLflow run; returns every run's metrics.
+def execute(specs: list[RunSpec], params: Params, stage: str, ckpt_root: Path, pool=None) -> list[dict]:
+    """Run every spec (finished ones are kept) under one parent MLflow run named ``stage``, in the stage's MLflow
+    experiment; returns every run's metrics.
 
     ``pool``: a started :func:`pipeline.executor.worker_pool` (else the runtime params decide where runs go)."""
-    print(f"[{datetime.now():%H:%M:%S}] == {name}: {len(specs)} runs on {params.train.runtime.workers} worker(s)",
+    print(f"[{datetime.now():%H:%M:%S}] == {stage}: {len(specs)} runs on {params.train.runtime.workers} worker(s)",
           flush=True)
     check_inputs(specs, params)
-    with tracking.stage_run(params, stage, name) as tracker:
+    with tracking.stage_run(params, stage, stage) as tracker:
         jobs, run_ids, results = _open(specs, params, tracker)
         pending = {j.spec.name: j for j in jobs}
         try:

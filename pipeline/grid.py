@@ -1,7 +1,9 @@
 """Which runs a stage trains: the main grid plus ``train.grids``, as :class:`RunSpec` rows.
 
-Names mean what they mean in ``metrics.json``: ``arch`` is the result name (``deit_labels``, ``deit_vit``),
-``model`` the factory key it builds (``deit``), ``teacher`` the teacher arch of a distilled student (or None).
+Two stages train: ``teacher`` (:func:`teacher_specs`) and ``train`` (:func:`train_specs`: every architecture's runs
+and the distilled students, in one worker pool). Names mean what they mean in ``metrics.json``: ``arch`` is the
+result name (``deit_labels``, ``deit_vit``), ``model`` the factory key it builds (``deit``), ``teacher`` the teacher
+arch of a distilled student (or None).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class RunKey:
 class RunSpec:
     """One run: its key, the model it builds, its teacher, and the folders it reads and writes."""
 
-    stage: str  # "train", "teacher" or "distill": the MLflow experiment and the run name's prefix
+    kind: str  # "train", "teacher" or "distill" (a student): the run name's prefix
     key: RunKey
     model: str  # factory key (pipeline.models)
     data_dir: Path  # data/tasks/<task>
@@ -48,9 +50,9 @@ class RunSpec:
     @property
     def name(self) -> str:
         """The run's unique, readable name: ``train/vit/alignment/n4000-t1000-s0-d0``."""
-        if self.stage == "teacher":
+        if self.kind == "teacher":
             return f"teacher/{self.key.arch}/{self.key.task}"
-        return f"{self.stage}/{self.key.arch}/{self.key.folder}"
+        return f"{self.kind}/{self.key.arch}/{self.key.folder}"
 
 
 def train_keys(params: Params, arch: str) -> list[RunKey]:
@@ -69,11 +71,58 @@ def train_keys(params: Params, arch: str) -> list[RunKey]:
     return list(dict.fromkeys(keys))
 
 
-def specs_for(stage: str, keys: list[RunKey], data: Path, slices: Path, out: Path, ckpt: Path,
-              teacher: str | None = None, teacher_dir: Path | None = None) -> list[RunSpec]:
-    def folder(k: RunKey) -> str:
-        return k.task if stage == "teacher" else k.folder
+def at_main_budget(spec: RunSpec, params: Params) -> bool:
+    """Is this run a cell of the main grid (``train.size``, the recipe's steps and budget mode, the official
+    draw)? Only those get the subgroup and resolution evaluations, so those tables never pool grid points."""
+    k, r = spec.key, params.train.recipe
+    return (k.train_size, k.steps, k.budget_mode, k.data_seed) == (params.train.size, r.steps, r.budget_mode, 0)
 
-    return [RunSpec(stage=stage, key=k, model=k.arch if stage != "distill" else "deit",
-                    data_dir=data / k.task, slices_dir=slices / k.task, out_dir=out / folder(k),
-                    ckpt_dir=ckpt / folder(k), teacher=teacher, teacher_dir=teacher_dir) for k in keys]
+
+def student_keys(params: Params, student: str) -> list[RunKey]:
+    """A distilled student's runs: ``distill.tasks`` x ``train.seeds`` at the main budget."""
+    t, r = params.train, params.train.recipe
+    return [RunKey(task, student, seed, t.size, r.steps, r.budget_mode)
+            for task in params.distill.tasks for seed in t.seeds]
+
+
+def teacher_keys(params: Params, arch: str) -> list[RunKey]:
+    """A teacher's runs, one per distilled task, on the transfer set (``distill.teacher_size`` minus the
+    students' ``train.size`` images)."""
+    d, r = params.distill, params.train.recipe
+    return [RunKey(task, arch, d.teacher_seed, d.teacher_size - params.train.size, r.steps, r.budget_mode)
+            for task in d.tasks]
+
+
+@dataclass(frozen=True)
+class Folders:
+    """Where a training stage reads and writes (dvc.yaml's values): one sub-folder per arch under ``out``/``ckpt``."""
+
+    data: Path  # data/tasks
+    slices: Path  # data/slices
+    out: Path  # data/runs or data/teachers
+    ckpt: Path  # persisted checkpoints
+    teachers: Path | None = None  # data/teachers: the teacher stage's output (students read it)
+
+
+def specs_for(kind: str, keys: list[RunKey], at: Folders, model: str | None = None,
+           teacher: str | None = None) -> list[RunSpec]:
+    def folder(k: RunKey) -> str:
+        return f"{k.arch}/{k.task}" if kind == "teacher" else f"{k.arch}/{k.folder}"
+
+    return [RunSpec(kind=kind, key=k, model=model or k.arch, data_dir=at.data / k.task,
+                    slices_dir=at.slices / k.task, out_dir=at.out / folder(k), ckpt_dir=at.ckpt / folder(k),
+                    teacher=teacher, teacher_dir=at.teachers / teacher if teacher else None) for k in keys]
+
+
+def train_specs(params: Params, at: Folders) -> list[RunSpec]:
+    """The ``train`` stage: every arch of ``train.archs`` (main grid + ``train.grids``), then every DeiT student of
+    ``distill.students`` with its teacher."""
+    specs = [s for arch in params.train.archs for s in specs_for("train", train_keys(params, arch), at)]
+    for student, teacher in params.distill.students.items():
+        specs += specs_for("distill", student_keys(params, student), at, model="deit", teacher=teacher)
+    return specs
+
+
+def teacher_specs(params: Params, at: Folders) -> list[RunSpec]:
+    """The ``teacher`` stage: every teacher arch of ``distill.teachers`` on every distilled task."""
+    return [s for arch in params.distill.teachers for s in specs_for("teacher", teacher_keys(params, arch), at)]

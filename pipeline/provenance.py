@@ -15,7 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.archs import ARCHS
 from pipeline.errors import StageError
+from pipeline.grid import at_main_budget
 from pipeline.io import sha256_bytes, sha256_file
 
 WEIGHTS = "weights.pt"  # every run's final state_dict; a teacher's is what its students load
@@ -32,13 +34,28 @@ def code_sha256() -> str:
     return h.hexdigest()
 
 
+# Where runs execute, not what they compute: results through the Dask pool equal the in-process ones
+# (tests/test_executor.py), so these stay out of a run's identity.
+PLACEMENT = {"workers", "scheduler"}
+
+
 def run_params(params, spec) -> dict:
-    """The params one run reads (logged to MLflow, hashed into ``params_sha256``)."""
-    out = params.model_dump(mode="json", include={"geometry": True, "models": True,
-                                                  "train": {"recipe", "runtime"}})
+    """The params one run reads (logged to MLflow, hashed into ``params_sha256`` and its identity): the geometry,
+    the shared model settings and the models sections it builds (its own; in ``flops`` mode also the reference
+    arch's), the recipe, the runtime minus :data:`PLACEMENT`, and (main-grid runs) the evaluation settings.
+    Editing ``models.swin`` changes no ViT run."""
+    sections = {ARCHS[spec.model].section}
+    if spec.key.budget_mode == "flops":
+        sections.add(ARCHS[params.train.recipe.flops_reference_arch].section)
+    runtime = set(type(params.train.runtime).model_fields) - PLACEMENT
+    out = params.model_dump(mode="json", include={
+        "geometry": True, "models": {"param_target", "param_tolerance", "reference_classes", *sections},
+        "train": {"recipe": True, "runtime": runtime}})
+    if at_main_budget(spec, params):  # only main-grid runs get the subgroup and resolution evaluations
+        out["evaluation"] = params.model_dump(mode="json", include={"evaluation"})["evaluation"]
     if spec.teacher is not None:
         out["distill"] = params.model_dump(mode="json", include={"distill": {"soft", "tau"}})["distill"]
-    if spec.stage == "teacher":
+    if spec.kind == "teacher":
         out["distill"] = params.model_dump(mode="json", include={"distill": {"teacher_size", "teacher_seed"}})[
             "distill"]
     return out

@@ -118,8 +118,8 @@ def evaluate_subgroups(predict: Predict, images: np.ndarray, labels: np.ndarray,
             out["alignment"][f"{dy},{dx}"] = _score(moved, labels, base)
     out["arrangement"] = {"original": _score(base, labels, base),
                           "shuffled": _score(run(shuffle_patches(images, p, cfg.shuffle_seed)), labels, base)}
-    for f in cfg.zoom:
-        out["scale"][f"x{f:g}"] = _score(run(zoom(images, f, cfg.border)), labels, base)
+    for f in cfg.zoom:  # factor 1 reads every pixel exactly: the original images, already predicted
+        out["scale"][f"x{f:g}"] = _score(base if f == 1 else run(zoom(images, f, cfg.border)), labels, base)
     names = list(class_names) if class_names is not None else [str(c) for c in range(int(labels.max()) + 1)]
     out["class"] = per_class(base, labels, names)
     return out

@@ -38,7 +38,7 @@ def mlflow_store(folder: Path):
 @pytest.fixture(scope="session")
 def workspace(tmp_path_factory) -> Path:
     """``params.yaml``, ``data/tasks/alignment``, ``data/slices/alignment``, ``data/teachers/resnet``,
-    ``mlflow.db``: the inputs of the train/teacher/distill stages, for one task."""
+    ``mlflow.db``: the inputs of the train stage (a student's teacher included), for one task."""
     from pipeline.stages import generate, slice, teacher
 
     ws = tmp_path_factory.mktemp("workspace")
@@ -50,9 +50,8 @@ def workspace(tmp_path_factory) -> Path:
     assert slice.main(["--params", p, "--task", "alignment", "--data", str(ws / "data/tasks/alignment"),
                        "--out", str(ws / "data/slices/alignment")]) == 0
     with mlflow_store(ws):
-        assert teacher.main(["--params", p, "--arch", "resnet", "--data", str(ws / "data/tasks"),
-                             "--slices", str(ws / "data/slices"), "--out", str(ws / "data/teachers/resnet"),
-                             "--ckpt", str(ws / "data/ckpt/teachers/resnet")]) == 0
+        assert teacher.main(["--params", p, "--data", str(ws / "data/tasks"), "--slices", str(ws / "data/slices"),
+                             "--out", str(ws / "data/teachers"), "--ckpt", str(ws / "data/ckpt/teachers")]) == 0
     return ws
 
 

@@ -32,9 +32,9 @@ import tiny_repo
 import yaml
 from conftest import mlflow_store
 
-from pipeline.stages import budget, distill, generate, interface, slice, teacher, train
+from pipeline.stages import budget, generate, interface, slice, teacher, train
 
-STAGES = {"train": train, "teacher": teacher, "distill": distill, "generate": generate, "slice": slice,
+STAGES = {"train": train, "teacher": teacher, "generate": generate, "slice": slice,
           "interface": interface, "budget": budget}
 
 
@@ -43,12 +43,10 @@ def argv(stage: str, ws: Path, **extra: str) -> list[str]:
     d = ws / "data"
     common = {"--params": ws / "params.yaml"}
     per_stage = {
-        "train": {"--arch": "resnet", "--data": d / "tasks", "--slices": d / "slices", "--out": d / "runs/resnet",
-                  "--ckpt": d / "ckpt/train/resnet"},
-        "teacher": {"--arch": "resnet", "--data": d / "tasks", "--slices": d / "slices",
-                    "--out": d / "teachers/resnet", "--ckpt": d / "ckpt/teachers/resnet"},
-        "distill": {"--student": "deit", "--teachers": d / "teachers/resnet", "--data": d / "tasks",
-                    "--slices": d / "slices", "--out": d / "runs/deit", "--ckpt": d / "ckpt/train/deit"},
+        "train": {"--data": d / "tasks", "--slices": d / "slices", "--teachers": d / "teachers", "--out": d / "runs",
+                  "--ckpt": d / "ckpt/train"},
+        "teacher": {"--data": d / "tasks", "--slices": d / "slices", "--out": d / "teachers",
+                    "--ckpt": d / "ckpt/teachers"},
         "generate": {"--task": "alignment", "--out": d / "tasks/alignment"},
         "slice": {"--task": "alignment", "--data": d / "tasks/alignment", "--out": d / "slices/alignment"},
         "interface": {"--out": d / "interface", "--report": ws / "reports/interface"},
@@ -214,13 +212,13 @@ CASES = [
     # unknown architecture or task
     Case("arch-unknown-in-params", "train", edit("train.archs.bogus", {"models": "vit", "tasks": ["alignment"]}),
          ("train.archs.bogus", "unknown architecture")),
-    Case("arch-unknown-cli", "train", lambda ws: None, ("train.archs", "bogus"), (("arch", "bogus"),)),
     Case("task-unknown", "generate", edit("tasks.names", ["alignment", "bogus"]), ("tasks.names",)),
     Case("task-not-enabled-cli", "generate", lambda ws: None, ("tasks.names", "relation"), (("task", "relation"),)),
     Case("train-task-not-generated", "train", edit("train.archs.resnet.tasks", ["alignment", "scale"]),
          ("train.archs.resnet.tasks", "scale")),
-    Case("student-unknown", "distill", lambda ws: None, ("distill.students", "nobody"), (("student", "nobody"),)),
-    Case("teacher-unknown", "teacher", lambda ws: None, ("distill.teachers", "vit"), (("arch", "vit"),)),
+    Case("student-teacher-unknown", "train", edit("distill.students.deit", "nobody"), ("distill.students", "nobody")),
+    Case("student-named-as-arch", "train", edit("distill.students", {"vit": "resnet"}), ("distill.students", "vit")),
+    Case("teacher-unknown", "teacher", edit("distill.teachers.bogus", "vit"), ("distill.teachers", "bogus")),
     # empty, overlapping or impossible slices
     Case("slices-empty", "slice", edit("slice.train_sizes", []), ("slice.train_sizes",)),
     Case("slices-overlapping", "slice", edit("slice.train_sizes", [64, 64]), ("slice.train_sizes",)),
@@ -236,9 +234,9 @@ CASES = [
     Case("labels-corrupt", "slice", write("data/tasks/alignment/labels.npy", b"junk"), ("alignment",)),
     Case("labels-tampered", "slice", tamper_labels, ("labels.npy", "sha256")),
     # teacher checkpoint missing or tampered
-    Case("teacher-missing", "distill", remove(f"{TEACHER}/weights.pt"), ("weights.pt", "missing")),
-    Case("teacher-tampered", "distill", append(f"{TEACHER}/weights.pt", b"\0"), ("weights.pt", "sha256")),
-    Case("teacher-provenance-corrupt", "distill", write(f"{TEACHER}/provenance.json", b"{"),
+    Case("teacher-missing", "train", remove(f"{TEACHER}/weights.pt"), ("weights.pt", "missing")),
+    Case("teacher-tampered", "train", append(f"{TEACHER}/weights.pt", b"\0"), ("weights.pt", "sha256")),
+    Case("teacher-provenance-corrupt", "train", write(f"{TEACHER}/provenance.json", b"{"),
          ("provenance.json",)),
     # numbers: out of range, non-finite, wrong type
     Case("lr-inf", "train", edit("train.recipe.lr", float("inf")), ("train.recipe.lr",)),
@@ -274,11 +272,11 @@ CASES = [
     Case("meta-not-json", "slice", write("data/tasks/alignment/meta.json", b"\x00\x01"), ("alignment",)),
     # files: valid, but from another run
     Case("slices-stale", "train", regenerate_data, ("indices.npz", "rerun the slice stage")),
-    Case("teacher-stale", "distill", both(regenerate_data, reslice), ("provenance.json", "rerun the teacher stage")),
+    Case("teacher-stale", "train", both(regenerate_data, reslice), ("provenance.json", "rerun the teacher stage")),
     # teacher files
-    Case("teacher-truncated", "distill", truncate(f"{TEACHER}/weights.pt"), ("weights.pt", "sha256")),
-    Case("teacher-wrong-format", "distill", teacher_wrong_format, ("weights.pt", "not a")),
-    Case("teacher-provenance-missing", "distill", remove(f"{TEACHER}/provenance.json"), ("provenance.json",)),
+    Case("teacher-truncated", "train", truncate(f"{TEACHER}/weights.pt"), ("weights.pt", "sha256")),
+    Case("teacher-wrong-format", "train", teacher_wrong_format, ("weights.pt", "not a")),
+    Case("teacher-provenance-missing", "train", remove(f"{TEACHER}/provenance.json"), ("provenance.json",)),
     # the CIFAR-10 archive
     Case("cifar-missing", "generate", natural("nowhere/cifar.tar.gz"), ("tasks.natural.path", "no archive"),
          (("task", "natural"), ("out", "data/tasks/natural"))),
@@ -377,7 +375,7 @@ def _read_only(folder: Path) -> tuple[tuple[str, ...], str]:
 # checkpoint and a FAILED MLflow run (allowed: what matters is that no output is half-written).
 UNWRITABLE = [("generate", "out"), ("slice", "out"),
               pytest.param("teacher", "out", marks=pytest.mark.slow, id="teacher-out"),
-              pytest.param("distill", "out", marks=pytest.mark.slow, id="distill-out")]
+              pytest.param("train", "out", marks=pytest.mark.slow, id="train-out")]
 
 
 @pytest.mark.parametrize(("stage", "option"), UNWRITABLE)

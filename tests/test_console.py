@@ -19,10 +19,10 @@ def test_a_stage_under_dvc_says_which_of_how_many(monkeypatch, capsys):
 
     names = stage_names(ROOT)
     monkeypatch.setenv("DVC_ROOT", str(ROOT))
-    monkeypatch.setenv("DVC_STAGE", "train@vit")
+    monkeypatch.setenv("DVC_STAGE", "slice@alignment")
     announce_stage()
     out = capsys.readouterr().out
-    assert f"stage {names.index('train@vit') + 1} of {len(names)} (dvc.yaml order): train@vit" in out
+    assert f"stage {names.index('slice@alignment') + 1} of {len(names)} (dvc.yaml order): slice@alignment" in out
     monkeypatch.delenv("DVC_STAGE")
     announce_stage()  # outside dvc repro: silent
     assert capsys.readouterr().out == ""

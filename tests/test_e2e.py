@@ -36,21 +36,21 @@ def test_mlflow_has_the_runs_with_budgets(reproduced_repo):
 
     client = MlflowClient(tracking_uri=f"sqlite:///{reproduced_repo / 'mlflow.db'}")
     parents, children = {}, {}
-    for stage in ("interface", "train", "teacher", "distill"):
+    for stage in ("interface", "train", "teacher"):
         exp = client.get_experiment_by_name(f"bias-{stage}")
         assert exp is not None, stage
         found = client.search_runs([exp.experiment_id])
         assert found and all(r.info.status == "FINISHED" for r in found), stage
         children[stage] = [r for r in found if "mlflow.parentRunId" in r.data.tags]
         parents[stage] = sorted(r.info.run_name for r in found if "mlflow.parentRunId" not in r.data.tags)
-    for run in children["train"] + children["teacher"] + children["distill"]:
+    for run in children["train"] + children["teacher"]:
         for key in ("params", "optimizer_steps", "images_seen", "tokens_seen", "train_flops"):
             assert f"budget/{key}" in run.data.metrics, (run.info.run_name, key)
-    # one parent run per stage invocation: train per arch, teacher per teacher arch, distill per student
-    assert parents["train"] == ["train/resnet", "train/vit"]
-    assert (parents["teacher"], parents["distill"]) == (["teacher/resnet"], ["distill/deit"])
-    # train: 2 tasks x (vit, resnet) + the curve grid (resnet on alignment at n=64); one teacher; one student
-    assert [len(children[s]) for s in ("train", "teacher", "distill")] == [5, 1, 1]
+    # one parent run per stage invocation
+    assert (parents["train"], parents["teacher"]) == (["train"], ["teacher"])
+    # train: 2 tasks x (vit, resnet) + the curve grid (resnet on alignment at n=64) + one student; one teacher
+    names = sorted(r.info.run_name.split("/")[0] for r in children["train"])
+    assert (names, len(children["teacher"])) == (["distill"] + ["train"] * 5, 1)
 
 
 def test_second_repro_is_a_noop(reproduced_repo):

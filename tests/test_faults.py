@@ -29,9 +29,8 @@ pytestmark = pytest.mark.slow
 KINDS = [
     ("data", "data@alignment", "generate", ["data/tasks/alignment"]),
     ("slice", "slice@alignment", "slice", ["data/slices/alignment"]),
-    ("train", "train@resnet", "train", ["data/runs/resnet"]),
-    ("teacher", "teacher@resnet", "teacher", ["data/teachers/resnet"]),
-    ("distill", "distill@deit", "distill", ["data/runs/deit"]),
+    ("teacher", "teacher", "teacher", ["data/teachers"]),
+    ("train", "train", "train", ["data/runs"]),
     ("report", "report", "report", ["reports/tables"]),
 ]
 MAX_DELAY_S = 3.0  # the tiny stages run a few seconds after their imports

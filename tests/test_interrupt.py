@@ -25,6 +25,7 @@ OVERRIDES = {
     "train": {"archs": {"vit": {"models": "vit", "tasks": ["alignment"]}}, "grids": {},
               "recipe": {"steps": 300, "warmup_steps": 10},
               "runtime": {"checkpoint_every_steps": 20, "val_every_steps": 100}},
+    "distill": {"teachers": {}, "students": {}},
 }
 RUN = Path("alignment/n128-t300-s0-d0")
 
@@ -62,8 +63,8 @@ def logits(folder: Path) -> np.ndarray:
 
 
 def train_cmd(params: str, out: str, ckpt: str) -> list[str]:
-    return [str(tiny_repo.VENV_BIN / "python"), "-m", "pipeline.stages.train", "--params", params, "--arch", "vit",
-            "--data", "data/tasks", "--slices", "data/slices", "--out", out, "--ckpt", ckpt]
+    return [str(tiny_repo.VENV_BIN / "python"), "-m", "pipeline.stages.train", "--params", params, "--data",
+            "data/tasks", "--slices", "data/slices", "--teachers", "data/teachers", "--out", out, "--ckpt", ckpt]
 
 
 def test_sigkill_then_repro_resumes_exactly(make_tiny_repo):
@@ -72,13 +73,13 @@ def test_sigkill_then_repro_resumes_exactly(make_tiny_repo):
     ckpt = repo / "data/ckpt/train/vit" / RUN
     out = repo / "data/runs/vit" / RUN
 
-    proc = start(repo, [str(tiny_repo.VENV_BIN / "dvc"), "repro", "train@vit"])
+    proc = start(repo, [str(tiny_repo.VENV_BIN / "dvc"), "repro", "train"])
     kill_when(proc, ckpt / "last.ckpt")
     stamp = json.loads((ckpt / "config.json").read_text())
     assert runs(repo)[stamp["mlflow_run_id"]] == "RUNNING"
     assert not (out / "metrics.json").exists()  # nothing half-done is presented as a result
 
-    tiny_repo.dvc(repo, "repro", "train@vit")
+    tiny_repo.dvc(repo, "repro", "train")
     resumed = json.loads((out / "metrics.json").read_text())
     assert resumed["measured"]["resumed"] and resumed["measured"]["steps_this_process"] < 300
     assert resumed["mlflow_run_id"] == stamp["mlflow_run_id"]  # the killed run was continued, not orphaned
@@ -86,19 +87,19 @@ def test_sigkill_then_repro_resumes_exactly(make_tiny_repo):
     # The same run uninterrupted, into other folders.
     subprocess.run(train_cmd("params.yaml", "data/ref", "data/ref_ckpt"), cwd=repo, env=tiny_repo.env(repo),
                    check=True, capture_output=True)
-    reference = json.loads((repo / "data/ref" / RUN / "metrics.json").read_text())
+    reference = json.loads((repo / "data/ref/vit" / RUN / "metrics.json").read_text())
     assert not reference["measured"]["resumed"]
     assert resumed["slices"] == reference["slices"] and resumed["val_acc"] == reference["val_acc"]
-    assert np.array_equal(logits(out), logits(repo / "data/ref" / RUN))
+    assert np.array_equal(logits(out), logits(repo / "data/ref/vit" / RUN))
 
     assert "RUNNING" not in runs(repo).values()
-    assert "train@vit" not in tiny_repo.dvc(repo, "status", "train@vit").stdout  # up to date
+    assert "train" not in tiny_repo.dvc(repo, "status", "train").stdout  # up to date
 
 
 def test_kill_before_first_checkpoint_marks_run_killed(make_tiny_repo):
     """No checkpoint to resume from: the rerun starts over and ends the dead MLflow run as KILLED."""
     repo = make_tiny_repo("repo", tiny_repo.merge(OVERRIDES, {"train": {"recipe": {"steps": 60, "warmup_steps": 5}}}))
-    run = Path("alignment/n128-t60-s0-d0")
+    run = Path("vit/alignment/n128-t60-s0-d0")
     tiny_repo.dvc(repo, "repro", "slice@alignment")
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["train"]["runtime"]["checkpoint_every_steps"] = 100_000  # never reached: killed without a checkpoint

@@ -79,9 +79,9 @@ def test_training_stage_runs_offline(copy_workspace, tmp_path):
                             "import socket; socket.create_connection(('1.1.1.1', 443), timeout=2)"],
                            env=env, capture_output=True, text=True)
     assert probe.returncode != 0, "the network is still reachable: the test would prove nothing"
-    cmd = [*prefix, sys.executable, "-m", "pipeline.stages.distill", "--params", str(ws / "params.yaml"),
-           "--student", "deit", "--teachers", str(ws / "data/teachers/resnet"), "--data", str(ws / "data/tasks"),
+    cmd = [*prefix, sys.executable, "-m", "pipeline.stages.train", "--params", str(ws / "params.yaml"),
+           "--teachers", str(ws / "data/teachers"), "--data", str(ws / "data/tasks"),
            "--slices", str(ws / "data/slices"), "--out", str(ws / "out"), "--ckpt", str(ws / "ckpt")]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert (ws / "out/alignment/n128-t20-s0-d0/metrics.json").exists()
+    assert (ws / "out/deit/alignment/n128-t20-s0-d0/metrics.json").exists()

@@ -12,8 +12,8 @@ from conftest import mlflow_store
 from pipeline.config import ConfigError, load_params
 from pipeline.stages import train
 
-ARGS = ["--arch", "vit", "--data", "data/tasks", "--slices", "data/slices", "--out", "data/runs/vit",
-        "--ckpt", "data/ckpt/train/vit"]
+ARGS = ["--data", "data/tasks", "--slices", "data/slices", "--teachers", "data/teachers", "--out", "data/runs",
+        "--ckpt", "data/ckpt/train"]
 
 
 def stage(ws: Path, params: dict | None = None) -> list[str]:
@@ -28,6 +28,8 @@ def edited(ws: Path, **recipe) -> dict:
     raw = yaml.safe_load((ws / "params.yaml").read_text())
     raw["train"]["recipe"].update(recipe)
     raw["train"]["runtime"]["workers"] = 1
+    raw["train"]["archs"] = {"vit": raw["train"]["archs"]["vit"]}  # one arch, no student: one run
+    raw["distill"]["students"] = {}
     return raw
 
 
@@ -80,11 +82,11 @@ def test_diverging_run_is_one_line_and_failed(copy_workspace, capsys):
     log = Path(line.rsplit("(traceback: ", 1)[1].rstrip(")"))
     assert "FloatingPointError" in log.read_text()
     assert list((copy_workspace / "data/runs/vit").rglob("metrics.json")) == [stale]
-    assert [p.name for p in (copy_workspace / "data/ckpt/train/vit").iterdir()] == ["logs"]
+    assert [p.name for p in (copy_workspace / "data/ckpt/train").iterdir()] == ["logs"]
     client = MlflowClient(tracking_uri=f"sqlite:///{copy_workspace / 'mlflow.db'}")
     exp = client.get_experiment_by_name("bias-train")
     status = {r.info.run_name: r.info.status for r in client.search_runs([exp.experiment_id])}
-    assert status["train/vit"] == "FAILED"
+    assert status["train"] == "FAILED"
     assert [s for n, s in status.items() if n.startswith("train/vit/")] == ["FAILED"]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
 import json
 import math
@@ -22,7 +24,7 @@ from pipeline import experiment, learner
 from pipeline.config import load_params
 from pipeline.errors import StageError
 from pipeline.executor import RunFailed
-from pipeline.grid import RunKey, specs_for
+from pipeline.grid import Folders, RunKey, at_main_budget, specs_for
 from pipeline.io import sha256_file
 from pipeline.learner import Classifier, distillation_loss
 from pipeline.models import build_model
@@ -32,15 +34,15 @@ torch.set_num_threads(1)
 KEY = RunKey("alignment", "vit", 0, 128, 20, "steps")
 
 
-def train(ws: Path, out: Path, params, stage: str = "train", key: RunKey = KEY, **teacher) -> dict:
+def train(ws: Path, out: Path, params, kind: str = "train", key: RunKey = KEY, **teacher) -> dict:
     """One run through the stage path (prepare -> fit -> evaluate -> record) with one in-process worker."""
-    specs = specs_for(stage, [key], ws / "data/tasks", ws / "data/slices", out / "runs", out / "ckpt", **teacher)
-    (m,) = experiment.execute(specs, params, stage, f"test/{out.name}", out / "ckpt")
+    at = Folders(ws / "data/tasks", ws / "data/slices", out / "runs", out / "ckpt", ws / "data/teachers")
+    (m,) = experiment.execute(specs_for(kind, [key], at, **teacher), params, "train", out / "ckpt")
     return m
 
 
 def folder(out: Path, key: RunKey = KEY) -> Path:
-    return out / "runs" / key.folder
+    return out / "runs" / key.arch / key.folder
 
 
 def logits(out: Path) -> np.ndarray:
@@ -73,13 +75,13 @@ def runs(workspace, tmp_path_factory):
             mp.setattr(learner, "Curves", interrupting(10))
             with pytest.raises(RunFailed, match="Interrupt"):
                 train(workspace, out["c"], params)
-        ckpt = out["c"] / "ckpt" / KEY.folder
+        ckpt = out["c"] / "ckpt" / KEY.arch / KEY.folder
         stamp = json.loads((ckpt / "config.json").read_text())
         interrupted_files = sorted(p.name for p in ckpt.iterdir())
         metrics["c"] = train(workspace, out["c"], params)
         metrics["draw"] = train(workspace, out["draw"], params, key=RunKey("alignment", "vit", 0, 128, 20, "steps", 1))
         metrics["student"] = train(workspace, out["student"], params, "distill", RunKey(
-            "alignment", "deit", 0, 128, 20, "steps"), teacher="resnet", teacher_dir=workspace / "data/teachers/resnet")
+            "alignment", "deit", 0, 128, 20, "steps"), model="deit", teacher="resnet")
     return {"params": params, "root": root, "out": out, "metrics": metrics, "stamp": stamp,
             "interrupted_files": interrupted_files, "uri": f"sqlite:///{root / 'mlflow.db'}"}
 
@@ -108,7 +110,7 @@ def test_run_is_tracked_with_budget_slices_and_curves(runs):
     lr = c.get_metric_history(m["mlflow_run_id"], "lr")
     assert len(lr) >= 3 and len({p.step for p in lr}) == len(lr)  # a per-step curve, not one value
     parent = c.get_run(rec.data.tags["mlflow.parentRunId"])
-    assert parent.info.run_name == "test/a" and parent.info.status == "FINISHED"
+    assert parent.info.run_name == "train" and parent.info.status == "FINISHED"
     exp = c.get_experiment(rec.info.experiment_id)
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
 
@@ -126,7 +128,7 @@ def test_every_provenance_field_matches_the_files(runs, workspace):
         "code_sha256": hashlib.sha256(b"".join((Path(experiment.__file__).parent / f"{n}.py").read_bytes()
                                                for n in CODE)).hexdigest(),
     }
-    spec = specs_for("train", [KEY], data.parent, slices.parent, Path("o"), Path("c"))[0]
+    spec = specs_for("train", [KEY], Folders(data.parent, slices.parent, Path("o"), Path("c")))[0]
     read = json.dumps(run_params(load_params(workspace / "params.yaml"), spec), sort_keys=True)
     expected["params_sha256"] = hashlib.sha256(read.encode()).hexdigest()
     assert expected["train_slice_sha256"] == json.loads((slices / "manifest.json").read_text())[
@@ -177,7 +179,7 @@ def test_resume_continues_from_checkpoint(runs):
     assert client(runs).get_run(c["mlflow_run_id"]).info.status == "FINISHED"
     assert np.array_equal(logits(runs["out"]["a"]), logits(runs["out"]["c"]))
     assert c["slices"] == runs["metrics"]["a"]["slices"] and c["curve"] == runs["metrics"]["a"]["curve"]
-    assert not any((runs["out"]["c"] / "ckpt" / KEY.folder).iterdir())  # a finished run keeps no checkpoints
+    assert not any((runs["out"]["c"] / "ckpt" / KEY.arch / KEY.folder).iterdir())  # a finished run keeps no checkpoints
 
 
 def test_regenerated_data_is_a_new_run(copy_workspace, capsys):
@@ -201,6 +203,29 @@ def test_regenerated_data_is_a_new_run(copy_workspace, capsys):
     assert "kept" not in capsys.readouterr().out
     assert again["identity"] != first["identity"]
     assert again["provenance"]["data_sha256"] != first["provenance"]["data_sha256"]
+
+
+@pytest.mark.parametrize(("key", "value", "vit_changes"), [
+    ("models.swin.mlp_ratio", 3.0, False),  # another architecture's section
+    ("models.vit.depth", 3, True),  # its own
+    ("train.runtime.workers", 4, False),  # where runs execute, not what they compute
+    ("train.recipe.lr", 0.01, True),
+    ("evaluation.resolution.sizes", [16], True),  # a main-grid run is evaluated with these
+])
+def test_identity_follows_what_a_run_reads(workspace, key, value, vit_changes):
+    """The one training stage reruns on any train/models edit; a run retrains only when its identity changes."""
+    from pipeline.config import Params
+
+    at = Folders(workspace / "data/tasks", workspace / "data/slices", Path("o"), Path("c"))
+    base = yaml.safe_load((workspace / "params.yaml").read_text())
+    vit, off_grid = specs_for("train", [KEY, replace(KEY, train_size=64)], at)
+    *path, last = key.split(".")
+    raw = copy.deepcopy(base)
+    functools.reduce(dict.__getitem__, path, raw)[last] = value
+    before, after = Params.model_validate(base), Params.model_validate(raw)
+    assert (experiment.identity(vit, before) != experiment.identity(vit, after)) == vit_changes
+    if key.startswith("evaluation"):  # off the main grid: no factor evaluations, identity unchanged
+        assert experiment.identity(off_grid, before) == experiment.identity(off_grid, after)
 
 
 def test_another_data_seed_draws_another_balanced_subset():
@@ -319,5 +344,5 @@ def test_only_main_grid_runs_get_the_factor_evaluations(tmp_path):
     main = RunKey("alignment", "vit", 0, t.size, r.steps, r.budget_mode, 0)
     others = [replace(main, train_size=t.size // 2), replace(main, steps=2 * r.steps),
               replace(main, budget_mode="flops"), replace(main, data_seed=1)]
-    specs = specs_for("train", [main, *others], tmp_path, tmp_path, tmp_path, tmp_path)
-    assert [experiment.at_main_budget(s, params) for s in specs] == [True, False, False, False, False]
+    specs = specs_for("train", [main, *others], Folders(tmp_path, tmp_path, tmp_path, tmp_path))
+    assert [at_main_budget(s, params) for s in specs] == [True, False, False, False, False]

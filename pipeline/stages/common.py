@@ -7,6 +7,7 @@ import errno
 import functools
 import gc
 import os
+import resource
 import sys
 from collections.abc import Callable
 from datetime import datetime
@@ -60,7 +61,7 @@ def _run(fn: Callable[[list[str] | None], None], argv: list[str] | None) -> int:
 
 def stage_names(root: Path) -> list[str]:
     """Every stage of ``<root>/dvc.yaml`` in file order, ``matrix``/``foreach`` entries expanded from the values
-    in ``params.yaml`` and named as DVC names them (``train@vit``)."""
+    in ``params.yaml`` and named as DVC names them (``data@scale``)."""
     import yaml
 
     spec = yaml.safe_load((root / "dvc.yaml").read_text())
@@ -98,30 +99,30 @@ def one_line(message: str) -> str:
     return "; ".join(part.strip() for part in message.splitlines() if part.strip())
 
 
-def add_run_paths(parser) -> None:
-    """The folders every training stage (train, teacher, distill) reads and writes; values come from dvc.yaml."""
-    parser.add_argument("--data", type=Path, required=True, help="data/tasks (one folder per task)")
-    parser.add_argument("--slices", type=Path, required=True, help="data/slices (one folder per task)")
-    parser.add_argument("--out", type=Path, required=True, help="results: one folder per run")
-    parser.add_argument("--ckpt", type=Path, required=True, help="checkpoints (persisted, for resume)")
-
-
-def training_parser(doc: str | None, option: str, help: str) -> argparse.ArgumentParser:
-    """The parser of a training stage (train, teacher, distill): its one name option and the run folders."""
+def training_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The parser of a training stage (train, teacher): the folders it reads and writes (values from dvc.yaml)."""
     p = argparse.ArgumentParser(description=doc)
-    p.add_argument(option, required=True, help=help)
-    add_run_paths(p)
+    p.add_argument("--data", type=Path, required=True, help="data/tasks (one folder per task)")
+    p.add_argument("--slices", type=Path, required=True, help="data/slices (one folder per task)")
+    p.add_argument("--out", type=Path, required=True, help="results: one folder per arch, then per run")
+    p.add_argument("--ckpt", type=Path, required=True, help="checkpoints (persisted, for resume)")
     return p
+
+
+def run_folders(args: argparse.Namespace):
+    """The :class:`pipeline.grid.Folders` of a training stage's parsed arguments."""
+    from pipeline.grid import Folders
+
+    return Folders(args.data, args.slices, args.out, args.ckpt, getattr(args, "teachers", None))
 
 
 # What a training worker imports before its first run (pipeline.executor.worker_pool).
 WORKER_IMPORTS = ("torch", "lightning", "timm", "pipeline.experiment", "pipeline.learner", "pipeline.models")
 
 
-def run_training(stage: str, name: str, keys: list, params: Params, args: argparse.Namespace,
-                 **spec_options) -> list[dict]:
-    """Run ``keys`` as ``stage`` runs (finished ones are kept, interrupted ones resume), then drop the outputs
-    of runs no longer configured; returns every run's metrics.
+def run_training(stage: str, specs: list, params: Params, args: argparse.Namespace) -> list[dict]:
+    """Run ``specs`` as the runs of ``stage`` in one worker pool (finished ones are kept, interrupted ones resume),
+    then drop the outputs of runs no longer configured; returns every run's metrics.
 
     The workers start first and import the training stack while this process imports its own, checks the
     inputs and opens the MLflow runs; Lightning is imported only where a run fits (a worker, or this process
@@ -129,13 +130,17 @@ def run_training(stage: str, name: str, keys: list, params: Params, args: argpar
     from pipeline.executor import worker_pool
 
     rt = params.train.runtime
-    with worker_pool(rt.workers if len(keys) > 1 else 1, rt.scheduler, WORKER_IMPORTS) as pool:
+    with worker_pool(rt.workers if len(specs) > 1 else 1, rt.scheduler, WORKER_IMPORTS) as pool:
         from pipeline.experiment import execute, prune
-        from pipeline.grid import specs_for
 
-        specs = specs_for(stage, keys, args.data, args.slices, args.out, args.ckpt, **spec_options)
-        results = execute(specs, params, stage, f"{stage}/{name}", args.ckpt, pool)
+        results = execute(specs, params, stage, args.ckpt, pool)
     prune(args.out, [s.out_dir for s in specs])  # after success: a failed stage changes nothing
+    for folder in (args.out, args.ckpt):  # DVC outputs, even when no run is configured
+        folder.mkdir(parents=True, exist_ok=True)
+    # what this process took from the cores the workers train on (bench.repro_breakdown reads this line)
+    cpu = resource.getrusage(resource.RUSAGE_SELF)
+    print(f"{stage}: {len(specs)} runs; the stage process used {cpu.ru_utime + cpu.ru_stime:.1f} s of CPU "
+          "(imports, input checks, writing outputs, MLflow)", flush=True)
     return results
 
 

@@ -1,23 +1,29 @@
-"""`train` stage: every run of one architecture: its main grid (``train.archs.<arch>.tasks`` x ``train.seeds``
-at ``train.size``) plus each ``train.grids`` entry that lists it (sizes, steps, data draws, budget mode).
+"""`train` stage: every training run of the study in one worker pool: each architecture of ``train.archs`` (its
+main grid, ``tasks`` x ``train.seeds`` at ``train.size``, plus each ``train.grids`` entry that lists it: sizes,
+steps, data draws, budget mode) and each DeiT student of ``distill.students`` (``distill.tasks`` x ``train.seeds``,
+distilled from its verified teacher: a run refuses to start if the teacher's weights do not match the sha256 in
+its provenance record).
 
-Runs fan out to workers (:func:`pipeline.executor.map_runs`); this process writes and tracks. Outputs per run:
-``<out>/<task>/n<size>-t<steps>-s<seed>-d<data_seed>/{metrics.json,predictions.npz,weights.pt}``; checkpoints in
-``<ckpt>/...`` (a persisted DVC output: an interrupted run resumes).
+Runs fan out to workers (:func:`pipeline.executor.map_runs`), longest first; this process writes and tracks.
+Outputs per run: ``<out>/<arch>/<task>/n<size>-t<steps>-s<seed>-d<data_seed>/{metrics.json,predictions.npz,
+weights.pt}``; checkpoints in ``<ckpt>/...`` (a persisted DVC output: an interrupted run resumes).
 """
 
 from __future__ import annotations
 
-from pipeline.stages.common import parse_stage, run_training, stage_main, training_parser
+from pathlib import Path
+
+from pipeline.stages.common import parse_stage, run_folders, run_training, stage_main, training_parser
 
 
 @stage_main
 def main(argv: list[str] | None = None) -> None:
-    parser = training_parser(__doc__, "--arch", "a key of train.archs")
-    args, params = parse_stage(parser, argv, {"arch": "train.archs"})
-    from pipeline.grid import train_keys
+    parser = training_parser(__doc__)
+    parser.add_argument("--teachers", type=Path, required=True, help="data/teachers: the teacher stage's output")
+    args, params = parse_stage(parser, argv)
+    from pipeline.grid import train_specs
 
-    run_training("train", args.arch, train_keys(params, args.arch), params, args)
+    run_training("train", train_specs(params, run_folders(args)), params, args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,40 @@
+"""bench.repro_breakdown on a hand-written console and two runs: stage times, the stage process's CPU, shares."""
+
+from __future__ import annotations
+
+import json
+
+from bench import repro_breakdown
+
+LOG = """\
+100.0 Running stage 'data@alignment':
+102.5 > python -m pipeline.stages.generate ...
+103.0 Running stage 'train':
+150.0 train: 2 runs; the stage process used 7.5 s of CPU (imports, input checks, writing outputs, MLflow)
+160.0 Updating lock file 'dvc.lock'
+"""
+
+
+def run(tmp, arch, run_s, fit, steps):
+    folder = tmp / "data/runs" / arch / "alignment/n1-t1-s0-d0"
+    folder.mkdir(parents=True)
+    (folder / "metrics.json").write_text(json.dumps({"arch": arch, "teacher": None, "budget": {},
+                                                     "measured": {"run_s": run_s, "phases_s": {"fit": fit,
+                                                                                               "steps": steps}}}))
+
+
+def test_breakdown_of_a_small_repro(tmp_path):
+    log = tmp_path / "repro.log"
+    log.write_text(LOG)
+    run(tmp_path, "vit", 50.0, 45.0, 40.0)
+    run(tmp_path, "resnet", 60.0, 55.0, 50.0)
+    times, total = repro_breakdown.stage_times([log])
+    assert times == {"data@alignment": 3.0, "train": 57.0} and total == 60.0
+    assert repro_breakdown.stage_cpu([log]) == {"train": 7.5}
+    table = repro_breakdown.breakdown(times, repro_breakdown.run_rows(tmp_path), 2, {"train": 7.5})
+    row = table.loc["train"]
+    assert (row.runs, row.run_s, row.steps_s, row.worker_s, row.stage_cpu_s) == (2, 110.0, 90.0, 114.0, 7.5)
+    assert row.steps_share == 90.0 / 114.0
+    assert repro_breakdown.main(["--log", str(log), "--repo", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out/repro_breakdown.md").read_text()
+    assert "optimizer steps take 82% of 1.8 worker-minutes" in text  # 90 of 110 s inside the runs
