@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipeline.archs import ARCHS
 from pipeline.errors import ConfigError
@@ -114,8 +114,14 @@ class SwinParams(Section):
     patch_size: PosInt
     window_size: PosInt
     depths: list[PosInt]  # blocks per stage; a patch merging between stages
-    num_heads: list[PosInt]
+    num_heads: list[PosInt]  # one entry per stage
     mlp_ratio: PosFloat
+
+    @model_validator(mode="after")
+    def _one_head_count_per_stage(self) -> SwinParams:
+        if len(self.depths) != len(self.num_heads):
+            raise ValueError(f"num_heads: has {len(self.num_heads)} entries, depths has {len(self.depths)}")
+        return self
 
 
 class ResNetParams(Section):
@@ -133,15 +139,6 @@ class Models(Section):
     vit: ViTParams
     swin: SwinParams
     resnet: ResNetParams
-
-    @model_validator(mode="after")
-    def _swin_lists(self) -> Models:
-        if len(self.swin.depths) != len(self.swin.num_heads):
-            raise ValueError(
-                f"swin.num_heads: has {len(self.swin.num_heads)} entries, "
-                f"swin.depths has {len(self.swin.depths)}"
-            )
-        return self
 
 
 # --------------------------------------------------------------------------- training
@@ -402,19 +399,20 @@ class NaturalParams(Section):
         return 10 * (self.per_class_train + self.per_class_test)
 
 
+def _distinct(names: list[str]) -> list[str]:
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate task in {names}")
+    return names
+
+
 class Tasks(Section):
-    names: Annotated[list[TaskName], Field(min_length=1)]  # enabled tasks (dvc.yaml matrix)
+    # enabled tasks (dvc.yaml matrix)
+    names: Annotated[list[TaskName], Field(min_length=1), AfterValidator(_distinct)]
     alignment: AlignmentParams
     scale: ScaleParams
     relation: RelationParams
     arrangement: ArrangementParams
     natural: NaturalParams
-
-    @model_validator(mode="after")
-    def _unique(self) -> Tasks:
-        if len(set(self.names)) != len(self.names):
-            raise ValueError(f"names: duplicate task in {self.names}")
-        return self
 
 
 class Slicing(Section):

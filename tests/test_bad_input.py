@@ -255,6 +255,9 @@ CASES = [
     Case("param-tolerance-nan", "budget", edit("models.param_tolerance", float("nan")), ("models.param_tolerance",)),
     Case("seeds-not-a-list", "train", edit("train.seeds", 0), ("train.seeds",)),
     Case("task-names-string", "generate", edit("tasks.names", "alignment"), ("tasks.names",)),
+    Case("task-names-duplicate", "generate", edit("tasks.names", ["alignment", "alignment"]),
+         ("tasks.names", "duplicate")),
+    Case("swin-heads-per-stage", "budget", edit("models.swin.num_heads", [2]), ("models.swin.num_heads", "depths")),
     Case("train-sizes-float", "slice", edit("slice.train_sizes", [64.5, 128]), ("slice.train_sizes",)),
     # structure: a missing section or key is an error, never a hidden default
     Case("section-missing", "generate", drop("slice"), ("slice",)),

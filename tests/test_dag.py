@@ -33,3 +33,18 @@ def test_folded_keeps_family_edges_once():
 def test_page_holds_both_graphs():
     text = page(MERMAID)
     assert text.count("```mermaid") == 2 and MERMAID.strip() in text
+
+
+def test_no_tracked_file_inside_a_dvc_output():
+    """DVC refuses to write a cached output that git tracks (say, a stale .gitignore of a stage that is gone);
+    ``cache: false`` outputs (``reports/``) are committed on purpose."""
+    import subprocess
+    from pathlib import Path
+
+    from dvc.repo import Repo
+
+    root = Path(__file__).resolve().parents[1]
+    outs = sorted({str(Path(o.fs_path).relative_to(root)) for o in Repo(str(root)).index.outs if o.use_cache})
+    tracked = subprocess.run(["git", "ls-files", "--", *outs], cwd=root, capture_output=True, text=True,
+                             check=True).stdout.split()
+    assert outs and tracked == []
