@@ -97,7 +97,6 @@ def main(argv: list[str] | None = None) -> int:
     attempts = len(args.log)
     runs = run_rows(args.repo)
     table = breakdown(times, runs, args.workers, stage_cpu(args.log))
-    write_json(args.out / "repro_timing.json", {**times, "total": total})
     train = table[table.runs > 0]
     sums = runs.groupby("arch")[["run_s", "fit_s", "steps_s"]].sum(min_count=1)
     per_arch = runs.groupby("arch").agg(runs=("fit_s", "size"), mean_run_s=("run_s", "mean"),
@@ -105,6 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     per_arch["steps_share_of_run"] = sums.steps_s / sums.run_s
     per_arch["steps_share_of_fit"] = sums.steps_s / sums.fit_s
     whole = runs[["run_s", "steps_s"]].sum(min_count=1)
+    training = {"runs": int(train.runs.sum()), "wall_s": float(train.wall_s.sum()),
+                "worker_s": float(train.worker_s.sum()), "steps_s": float(train.steps_s.sum()),
+                "run_s": float(whole.run_s),
+                "steps_share": float(train.steps_s.sum() / max(train.worker_s.sum(), 1e-9)),
+                "steps_share_of_runs": float(whole.steps_s / whole.run_s)}
+    write_json(args.out / "repro_timing.json", {**times, "total": total, "training": training})
     lines = [
         "# Full `dvc repro`: where the wall time went", "",
         "Written by `python -m bench.repro_breakdown` from the timestamped console of one fresh-clone `make repro` "

@@ -38,3 +38,5 @@ def test_breakdown_of_a_small_repro(tmp_path):
     assert repro_breakdown.main(["--log", str(log), "--repo", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
     text = (tmp_path / "out/repro_breakdown.md").read_text()
     assert "optimizer steps take 82% of 1.8 worker-minutes" in text  # 90 of 110 s inside the runs
+    timing = json.loads((tmp_path / "out/repro_timing.json").read_text())
+    assert timing["total"] == 60.0 and timing["training"]["steps_share_of_runs"] == 90.0 / 110.0
