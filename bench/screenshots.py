@@ -88,19 +88,30 @@ def dvc_plots(repo: Path, template: Path | None = None) -> Iterator[str]:
         extra = ["--html-template", str(template.resolve())] if template else []
         subprocess.run([shutil.which("dvc") or "dvc", "plots", "show", "-o", str(out), *extra], cwd=repo,
                        check=True, capture_output=True, text=True)
-        handler = functools.partial(QuietHandler, directory=str(out))
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        try:
-            yield f"http://127.0.0.1:{server.server_address[1]}/index.html"
-        finally:
-            server.shutdown()
-            server.server_close()
+        with serve_folder(out) as root:
+            yield f"{root}/index.html"
+
+
+@contextlib.contextmanager
+def serve_folder(folder: Path) -> Iterator[str]:
+    """``folder`` over HTTP on 127.0.0.1 (no network), quietly; yields the URL of its root."""
+    server = QuietServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(folder)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class QuietServer(http.server.ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        """A client hanging up early (a browser, a downloader refusing the file) is not an error to print."""
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args) -> None:
+    def log_message(self, *args) -> None:  # keep the console to what the caller prints
         pass
 
 

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import http.server
 import io
 import json
 import pickle
 import tarfile
-import threading
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +14,7 @@ import pytest
 import tiny_repo
 import yaml
 
+from bench.screenshots import serve_folder
 from pipeline.config import NaturalParams
 from pipeline.errors import StageError
 from pipeline.stages import generate as gen_stage
@@ -82,31 +79,6 @@ def test_candidates_tried_in_order(tmp_path):
     assert natural.candidate_paths(cfg([first, second])) == [first, second]
 
 
-@contextmanager
-def http_server(folder: Path):
-    """A local HTTP server for ``folder`` on 127.0.0.1 (no network): the URL of its root."""
-    handler = functools.partial(QuietHandler, directory=str(folder))
-    server = QuietServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-class QuietServer(http.server.ThreadingHTTPServer):
-    def handle_error(self, request, client_address) -> None:
-        """A client hanging up early (the downloader refusing the archive) is not the test's error: keep stderr
-        to the stage's one line."""
-
-
-class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args) -> None:  # keep pytest's output to the test's own
-        pass
-
-
 @pytest.mark.parametrize("scheme", ["file", "http"])
 def test_download_lands_in_last_candidate(tmp_path, scheme):
     """file://: the issue's local-archive test; http://127.0.0.1: torchvision's own downloader end to end."""
@@ -114,7 +86,7 @@ def test_download_lands_in_last_candidate(tmp_path, scheme):
     src.parent.mkdir()
     test = fake_python_archive(src)
     dest = tmp_path / "repo" / "data" / "raw" / "cifar-10-python.tar.gz"
-    with http_server(src.parent) as root:
+    with serve_folder(src.parent) as root:
         url = src.as_uri() if scheme == "file" else f"{root}/{src.name}"
         c = cfg([tmp_path / "nowhere.tar.gz", dest], url=url, digest=md5(src))
         assert natural.resolve_path(c) == dest and dest.read_bytes() == src.read_bytes()
@@ -128,7 +100,7 @@ def test_refusal_is_one_line_and_writes_nothing(tmp_path, capsys, case):
     src = tmp_path / "mirror" / "cifar-10-python.tar.gz"
     src.parent.mkdir()
     fake_python_archive(src)
-    with http_server(src.parent) as root:
+    with serve_folder(src.parent) as root:
         # checksum: an archive arrives but it is not the published one; offline: nothing listens on port 9
         url = {"checksum file": src.as_uri(), "checksum http": f"{root}/{src.name}",
                "offline": "http://127.0.0.1:9/cifar-10-python.tar.gz"}[case]
