@@ -104,25 +104,25 @@ def main(argv: list[str] | None = None) -> int:
     per_arch["steps_share_of_run"] = sums.steps_s / sums.run_s
     per_arch["steps_share_of_fit"] = sums.steps_s / sums.fit_s
     whole = runs[["run_s", "steps_s"]].sum(min_count=1)
-    training = {"runs": int(train.runs.sum()), "wall_s": float(train.wall_s.sum()),
-                "worker_s": float(train.worker_s.sum()), "steps_s": float(train.steps_s.sum()),
-                "run_s": float(whole.run_s),
-                "steps_share": float(train.steps_s.sum() / max(train.worker_s.sum(), 1e-9)),
-                "steps_share_of_runs": float(whole.steps_s / whole.run_s)}
-    write_json(args.out / "repro_timing.json", {**times, "total": total, "training": training})
+    t = {"runs": int(train.runs.sum()), "wall_s": float(train.wall_s.sum()), "worker_s": float(train.worker_s.sum()),
+         "steps_s": float(train.steps_s.sum()), "run_s": float(whole.run_s)}
+    t |= {"steps_share": t["steps_s"] / max(t["worker_s"], 1e-9),
+          "steps_share_of_runs": float(whole.steps_s / whole.run_s)}
+    write_json(args.out / "repro_timing.json", {**times, "total": total, "training": t})
     lines = [
         "# Full `dvc repro`: where the wall time went", "",
         "Written by `python -m bench.repro_breakdown` from the timestamped console of one fresh-clone `make repro` "
         f"(installation excluded) and the runs' metrics, over {attempts} attempt(s) (an interrupted repro resumes: "
         f"finished runs are kept, the others continue from their checkpoints). Stage time summed over the "
         f"attempts: **{total / 60:.1f} min**. "
-        f"Training stages: {train.wall_s.sum() / 60:.1f} min of wall time; their {int(train.runs.sum())} runs spent "
-        f"{train.steps_s.sum() / 60:.1f} worker-minutes in optimizer steps out of {train.worker_s.sum() / 60:.1f} "
-        f"({train.steps_s.sum() / max(train.worker_s.sum(), 1e-9):.0%}) with {args.workers} workers; the rest is "
-        "process start and imports, the Dask cluster, evaluation (natural-image subgroups and the resolution sweep "
-        "included), writing outputs and MLflow, and workers idle at a stage's end. Inside the runs themselves "
-        f"(the worker's time from loading the data to the last evaluation, `measured.run_s`), optimizer steps take "
-        f"{whole.steps_s / whole.run_s:.0%} of {whole.run_s / 60:.1f} worker-minutes.", "",
+        f"Training stages: {t['wall_s'] / 60:.1f} min of wall time; their {t['runs']} runs spent "
+        f"{t['steps_s'] / 60:.1f} worker-minutes in optimizer steps out of {t['worker_s'] / 60:.1f} "
+        f"({t['steps_share']:.0%}) with {args.workers} workers. Inside the runs themselves (the worker's time from "
+        f"loading the data to the last evaluation, `measured.run_s`: {t['run_s'] / 60:.1f} worker-minutes), steps "
+        f"take {t['steps_share_of_runs']:.0%}; the rest of a run is evaluation (natural-image subgroups and the "
+        "resolution sweep included), validation and Lightning's loop. Outside the runs: process start and imports, "
+        "the Dask cluster, the stage process writing outputs and MLflow while workers wait, and workers idle at a "
+        "stage's end.", "",
         "## Per stage", "", table.reset_index(names="stage").to_markdown(index=False, floatfmt=".2f"), "",
         "## Per architecture (every run of the study)", "",
         per_arch.reset_index().to_markdown(index=False, floatfmt=".3f"), "",

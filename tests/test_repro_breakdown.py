@@ -37,6 +37,6 @@ def test_breakdown_of_a_small_repro(tmp_path):
     assert row.steps_share == 90.0 / 114.0
     assert repro_breakdown.main(["--log", str(log), "--repo", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
     text = (tmp_path / "out/repro_breakdown.md").read_text()
-    assert "optimizer steps take 82% of 1.8 worker-minutes" in text  # 90 of 110 s inside the runs
+    assert "`measured.run_s`: 1.8 worker-minutes), steps take 82%" in text  # 90 of 110 s inside the runs
     timing = json.loads((tmp_path / "out/repro_timing.json").read_text())
     assert timing["total"] == 60.0 and timing["training"]["steps_share_of_runs"] == 90.0 / 110.0
