@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 import pytest
+import tiny_repo
 import torch
 import yaml
 
@@ -24,17 +23,9 @@ from pipeline.models import build_model
 
 torch.set_num_threads(1)
 
-REPO_PARAMS = yaml.safe_load((Path(__file__).parents[1] / "params.yaml").read_text())
-SMALL_MODELS = {  # default 16-px geometry, small models
-    "param_target": 8000, "param_tolerance": 0.3, "reference_classes": 3,
-    "vit": {"depth": 2, "num_heads": 2, "mlp_ratio": 2.0},
-    "swin": {"patch_size": 4, "window_size": 2, "depths": [2, 2], "num_heads": [2, 4], "mlp_ratio": 1.5},
-    "resnet": {"layers": [2, 1]},
-}
-# Swin patch 4 + one merge: evaluated sizes in steps of 8
-EVALUATION = {**REPO_PARAMS["evaluation"], "resolution": {**REPO_PARAMS["evaluation"]["resolution"],
-                                                          "sizes": [16, 24, 32]}}
-SMALL = parse_params({**REPO_PARAMS, "models": SMALL_MODELS, "evaluation": EVALUATION})
+# small models, a Swin MLP whose hidden width is not a multiple of its input's, a ResNet with two blocks in stage 0
+SMALL_RAW = tiny_repo.small_params({"models": {"swin": {"mlp_ratio": 1.5}, "resnet": {"layers": [2, 1]}}})
+SMALL = parse_params(SMALL_RAW)
 WIDTH, CLASSES = 12, 5
 
 
@@ -52,7 +43,7 @@ def test_analytic_follows_a_different_geometry():
     # checks on purpose: the synthetic tasks' glyph sizes do not fit 3-px patches, the FLOP formulas must.
     params = SMALL.model_copy(update={
         "geometry": Geometry(image_size=12, patch_size=3, channels=3),
-        "models": Models(**{**SMALL_MODELS, "vit": {"depth": 1, "num_heads": 4, "mlp_ratio": 3.0},
+        "models": Models(**{**SMALL_RAW["models"], "vit": {"depth": 1, "num_heads": 4, "mlp_ratio": 3.0},
                             "swin": {"patch_size": 1, "window_size": 3, "depths": [2, 1, 1],
                                      "num_heads": [1, 2, 4], "mlp_ratio": 2.0},
                             "resnet": {"layers": [1, 1, 1, 1]}}),
@@ -113,7 +104,7 @@ def test_budget_stage_writes_tables_and_rejects_bad_params(tmp_path, capsys):
     from pipeline.stages.budget import main
 
     good = tmp_path / "params.yaml"
-    good.write_text(yaml.safe_dump({**REPO_PARAMS, "models": SMALL_MODELS, "evaluation": EVALUATION}))
+    good.write_text(yaml.safe_dump(SMALL_RAW))
     report = tmp_path / "report"
     assert main(["--params", str(good), "--report", str(report)]) == 0
     table = pd.read_csv(report / "architectures.csv")
@@ -125,8 +116,7 @@ def test_budget_stage_writes_tables_and_rejects_bad_params(tmp_path, capsys):
     assert "| vit_sincos" in (report / "README.md").read_text()
 
     bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump({**REPO_PARAMS, "models": {**SMALL_MODELS, "param_target": 30},
-                                   "evaluation": EVALUATION}))
+    bad.write_text(yaml.safe_dump(tiny_repo.merge(SMALL_RAW, {"models": {"param_target": 30}})))
     assert main(["--params", str(bad), "--report", str(tmp_path / "nothing")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: models.param_target:") and "\n" not in err, err

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import timm.layers
+import tiny_repo
 import torch
 import torch.nn.functional as F
 import yaml
@@ -29,18 +30,7 @@ from pipeline.models import (
 torch.set_num_threads(1)
 
 REPO_PARAMS = yaml.safe_load((Path(__file__).parents[1] / "params.yaml").read_text())
-# Default geometry (16 px, 4-px patches: a 4x4 ViT grid; the tasks' checks tie it to their glyph sizes).
-# Swin on a 4x4 then 2x2 grid with 2x2 windows: stage 0 shifts, stage 1 is one window and cannot.
-TINY_MODELS = {
-    "param_target": 8000, "param_tolerance": 0.3, "reference_classes": 3,
-    "vit": {"depth": 2, "num_heads": 2, "mlp_ratio": 2.0},
-    "swin": {"patch_size": 4, "window_size": 2, "depths": [2, 2], "num_heads": [2, 4], "mlp_ratio": 2.0},
-    "resnet": {"layers": [1, 1]},
-}
-# Swin patch 4 + one merge: evaluated sizes in steps of 8
-EVALUATION = {**REPO_PARAMS["evaluation"], "resolution": {**REPO_PARAMS["evaluation"]["resolution"],
-                                                          "sizes": [16, 24, 32]}}
-TINY = parse_params({**REPO_PARAMS, "models": TINY_MODELS, "evaluation": EVALUATION})
+TINY = parse_params(tiny_repo.small_params())
 CLASSES = 3
 
 
@@ -305,7 +295,7 @@ def test_default_widths_land_within_tolerance():
 
 
 def test_impossible_target_names_the_key():
-    params = parse_params({**REPO_PARAMS, "models": {**TINY_MODELS, "param_target": 50}, "evaluation": EVALUATION})
+    params = parse_params(tiny_repo.small_params({"models": {"param_target": 50}}))
     with pytest.raises(ConfigError, match=r"^models\.param_target: vit cannot get within"):
         solve_width("vit", params, 10)
 

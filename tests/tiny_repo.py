@@ -168,6 +168,24 @@ def assert_same_runs(got: Path, want: Path) -> None:
             assert np.array_equal(array, b[name]["preds"][key]), (name, key)
 
 
+# Small models at the default 16-px geometry. Swin: a 4x4 then 2x2 token grid with 2x2 windows (stage 0 shifts,
+# stage 1 is one window and cannot); patch 4 and one merge, so the evaluated sizes step by 8.
+SMALL = {
+    "models": {
+        "param_target": 8000, "param_tolerance": 0.3, "reference_classes": 3,
+        "vit": {"depth": 2, "num_heads": 2, "mlp_ratio": 2.0},
+        "swin": {"patch_size": 4, "window_size": 2, "depths": [2, 2], "num_heads": [2, 4], "mlp_ratio": 2.0},
+        "resnet": {"layers": [1, 1]},
+    },
+    "evaluation": {"resolution": {"sizes": [16, 24, 32]}},
+}
+
+
+def small_params(overrides: dict | None = None) -> dict:
+    """The repository's ``params.yaml`` with :data:`SMALL` (then ``overrides``) deep-merged in, unvalidated."""
+    return merge(merge(yaml.safe_load((ROOT / "params.yaml").read_text()), SMALL), overrides or {})
+
+
 def repo_params(overrides: dict | None = None):
     """The repository's own ``params.yaml`` (no :data:`TINY`), deep-merged with ``overrides``, validated."""
     from pipeline.config import Params

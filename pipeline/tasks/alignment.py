@@ -20,20 +20,8 @@ import numpy as np
 import pandas as pd
 
 from pipeline.config import AlignmentParams, Geometry
-from pipeline.tasks.common import (
-    TaskData,
-    balanced_labels,
-    finish,
-    glyph_bank,
-    paint,
-    pair_labels,
-    random_colours,
-    roles,
-    scatter_pixels,
-    split_counts,
-    stamp,
-    task_rng,
-)
+from pipeline.tasks import common
+from pipeline.tasks.common import TaskData
 
 SLICE_FACTORS = ["offset", "dx", "dy", "position"]
 
@@ -44,11 +32,11 @@ def num_cells(geometry: Geometry, glyph_size: int) -> int:
 
 
 def generate(n: int, seed: int, geometry: Geometry, cfg: AlignmentParams) -> TaskData:
-    rng = task_rng(seed, "alignment")
+    rng = common.task_rng(seed, "alignment")
     p, h, k = geometry.patch_size, geometry.image_size, cfg.num_classes
-    n_eval, n_fit = split_counts(n, cfg.eval_fraction)
-    labels = np.concatenate([balanced_labels(rng, n_eval, k), balanced_labels(rng, n_fit, k)])
-    glyphs = glyph_bank(rng, k, cfg.glyph_size, cfg.glyph_flips)  # (K, g, g)
+    n_eval, n_fit = common.split_counts(n, cfg.eval_fraction)
+    labels = np.concatenate([common.balanced_labels(rng, n_eval, k), common.balanced_labels(rng, n_fit, k)])
+    glyphs = common.glyph_bank(rng, k, cfg.glyph_size, cfg.glyph_flips)  # (K, g, g)
 
     lo, hi = cfg.train_offsets
     dxy = np.concatenate([rng.integers(0, p, (n_eval, 2)), rng.integers(lo, hi + 1, (n_fit, 2))])
@@ -56,20 +44,20 @@ def generate(n: int, seed: int, geometry: Geometry, cfg: AlignmentParams) -> Tas
     ys, xs = cells[:, 0] * p + dxy[:, 1], cells[:, 1] * p + dxy[:, 0]
 
     mask = np.zeros((n, h, h), dtype=bool)
-    stamp(mask, glyphs[labels], ys, xs)
-    fg, bg = random_colours(rng, n, geometry.channels)
-    images = paint(mask, fg, bg)
-    scatter_pixels(images, rng, cfg.clutter, fg)
-    images = finish(images, rng, cfg.noise)
+    common.stamp(mask, glyphs[labels], ys, xs)
+    fg, bg = common.random_colours(rng, n, geometry.channels)
+    images = common.paint(mask, fg, bg)
+    common.scatter_pixels(images, rng, cfg.clutter, fg)
+    images = common.finish(images, rng, cfg.noise)
 
     dx, dy = dxy[:, 0], dxy[:, 1]
     factors = pd.DataFrame({
         "dx": dx, "dy": dy,
-        "offset": pair_labels(dx, dy),
+        "offset": common.pair_labels(dx, dy),
         "cell_x": cells[:, 1], "cell_y": cells[:, 0],
-        "position": pair_labels(cells[:, 1], cells[:, 0]),
+        "position": common.pair_labels(cells[:, 1], cells[:, 0]),
         "x": xs, "y": ys,
         "id": (dx >= lo) & (dx <= hi) & (dy >= lo) & (dy <= hi),
-        "role": roles(n_eval, n_fit),
+        "role": common.roles(n_eval, n_fit),
     })
     return TaskData(images, labels, factors, [f"glyph{i}" for i in range(k)])

@@ -23,17 +23,8 @@ import numpy as np
 import pandas as pd
 
 from pipeline.config import ArrangementParams, Geometry
-from pipeline.tasks.common import (
-    TaskData,
-    cells_to_image,
-    finish,
-    glyph_bank,
-    paint,
-    random_colours,
-    roles,
-    split_counts,
-    task_rng,
-)
+from pipeline.tasks import common
+from pipeline.tasks.common import TaskData
 
 SLICE_FACTORS = ["dcol", "drow", "same_row"]
 
@@ -41,13 +32,13 @@ SLICE_FACTORS = ["dcol", "drow", "same_row"]
 def generate(n: int, seed: int, geometry: Geometry, cfg: ArrangementParams) -> TaskData:
     if n % 2:
         raise ValueError(f"arrangement: n must be even (samples come in layout-swapped twins), got {n}")
-    rng = task_rng(seed, "arrangement")
+    rng = common.task_rng(seed, "arrangement")
     p, g, c, gs = geometry.patch_size, geometry.grid, geometry.channels, cfg.glyph_size
     m = n // 2
-    n_eval, _ = split_counts(n, cfg.eval_fraction)
+    n_eval, _ = common.split_counts(n, cfg.eval_fraction)
     n_eval -= n_eval % 2
     ar = np.arange(m)
-    glyphs = glyph_bank(rng, 2 + cfg.distractor_types, gs, cfg.glyph_flips)  # 0 = A, 1 = B, rest distractors
+    glyphs = common.glyph_bank(rng, 2 + cfg.distractor_types, gs, cfg.glyph_flips)  # 0 = A, 1 = B, rest distractors
 
     row_a, col_a = rng.integers(0, g, m), rng.integers(0, g, m)
     col_b = (col_a + rng.integers(1, g, m)) % g  # any other column
@@ -71,13 +62,13 @@ def generate(n: int, seed: int, geometry: Geometry, cfg: ArrangementParams) -> T
     mask[occupied[:, None, None], rows, cols] = glyphs[ident.reshape(-1)[occupied]]
     mask = mask.reshape(m, g * g, p, p)
 
-    fg, bg = random_colours(rng, m, c)
-    cells = paint(mask.reshape(m, g * g * p, p), fg, bg).reshape(m, g * g, p, p, c)
-    cells = finish(cells, rng, cfg.noise)  # (m, G^2, P, P, C); the noise travels with its cell
+    fg, bg = common.random_colours(rng, m, c)
+    cells = common.paint(mask.reshape(m, g * g * p, p), fg, bg).reshape(m, g * g, p, p, c)
+    cells = common.finish(cells, rng, cfg.noise)  # (m, G^2, P, P, C); the noise travels with its cell
     swapped = cells.copy()
     swapped[ar, ca], swapped[ar, cb] = cells[ar, cb], cells[ar, ca]
     both = np.stack([cells, swapped], axis=1).reshape(n, g, g, p, p, c)  # twins adjacent
-    images = cells_to_image(both)
+    images = common.cells_to_image(both)
 
     label0 = (col_b < col_a).astype(np.int64)  # first twin: 0 if A is left of B
     labels = np.stack([label0, 1 - label0], axis=1).reshape(n)
@@ -91,6 +82,6 @@ def generate(n: int, seed: int, geometry: Geometry, cfg: ArrangementParams) -> T
         "dcol": np.abs(cola - colb), "drow": np.abs(ra - rb), "same_row": ra == rb,
         "pair": np.repeat(ar, 2),
         "id": True,
-        "role": roles(n_eval, n - n_eval),
+        "role": common.roles(n_eval, n - n_eval),
     })
     return TaskData(images, labels, factors, ["A_left", "B_left"])

@@ -17,25 +17,16 @@ import pandas as pd
 
 from pipeline.config import Geometry, ScaleParams
 from pipeline.shapes import SHAPES, quarter_turns
-from pipeline.tasks.common import (
-    TaskData,
-    balanced_labels,
-    finish,
-    paint,
-    random_colours,
-    roles,
-    scatter_pixels,
-    split_counts,
-    task_rng,
-)
+from pipeline.tasks import common
+from pipeline.tasks.common import TaskData
 
 SLICE_FACTORS = ["size", "size_bin", "straddles"]
 
 def generate(n: int, seed: int, geometry: Geometry, cfg: ScaleParams) -> TaskData:
-    rng = task_rng(seed, "scale")
+    rng = common.task_rng(seed, "scale")
     p, h, k = geometry.patch_size, geometry.image_size, len(cfg.shapes)
-    n_eval, n_fit = split_counts(n, cfg.eval_fraction)
-    labels = np.concatenate([balanced_labels(rng, n_eval, k), balanced_labels(rng, n_fit, k)])
+    n_eval, n_fit = common.split_counts(n, cfg.eval_fraction)
+    labels = np.concatenate([common.balanced_labels(rng, n_eval, k), common.balanced_labels(rng, n_fit, k)])
     lo, hi = cfg.train_sizes
     size = np.concatenate([rng.integers(cfg.min_size, cfg.max_size + 1, n_eval),
                            rng.integers(lo, hi + 1, n_fit)])
@@ -54,10 +45,10 @@ def generate(n: int, seed: int, geometry: Geometry, cfg: ScaleParams) -> TaskDat
         sel = labels == c
         mask[sel] = inside[sel] & SHAPES[name](a[sel], b[sel], s3[sel])
 
-    fg, bg = random_colours(rng, n, geometry.channels)
-    images = paint(mask, fg, bg)
-    scatter_pixels(images, rng, cfg.clutter, fg)
-    images = finish(images, rng, cfg.noise)
+    fg, bg = common.random_colours(rng, n, geometry.channels)
+    images = common.paint(mask, fg, bg)
+    common.scatter_pixels(images, rng, cfg.clutter, fg)
+    images = common.finish(images, rng, cfg.noise)
 
     straddles = (y0 // p != (y0 + size - 1) // p) | (x0 // p != (x0 + size - 1) // p)
     factors = pd.DataFrame({
@@ -68,6 +59,6 @@ def generate(n: int, seed: int, geometry: Geometry, cfg: ScaleParams) -> TaskDat
         "straddles": straddles,
         "rotation": 90 * turns,  # degrees, counter-clockwise
         "id": (size >= lo) & (size <= hi),
-        "role": roles(n_eval, n_fit),
+        "role": common.roles(n_eval, n_fit),
     })
     return TaskData(images, labels, factors, list(cfg.shapes))
