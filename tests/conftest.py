@@ -5,7 +5,8 @@ own copy:
 - ``workspace`` (session, read-only): a folder with a tiny ``params.yaml``, the ``alignment`` task's data and
   slices and a trained ``resnet`` teacher, made by calling the stage entry points in-process, with its own
   MLflow store. ``copy_workspace`` is a private writable copy.
-- ``reproduced_repo`` (session, read-only): a tiny copy of the repository after one full ``dvc repro``.
+- ``reproduced_repo`` (session, read-only): a tiny copy of the repository after one full ``dvc repro``, one per
+  pytest run (shared by the xdist workers, started in the background as soon as a selected test needs it).
   ``copy_reproduced_repo`` is a private writable copy (git history, DVC cache and MLflow store included).
 - ``make_tiny_repo``: a fresh tiny copy of the repository (committed, nothing reproduced).
 """
@@ -14,11 +15,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-import tiny_repo  # tests/ is on sys.path (pytest's rootdir-less test folder), like this conftest
+import tiny_repo
+from filelock import FileLock, Timeout  # tests/ is on sys.path (pytest's rootdir-less test folder), like this conftest
 
 
 @contextmanager
@@ -63,11 +66,58 @@ def copy_workspace(workspace, tmp_path) -> Path:
     return dest
 
 
+class Reproduced:
+    """One ``reproduced_repo`` per pytest run, shared by the xdist workers and built in the background.
+
+    The first worker whose tests need it starts ``dvc repro`` in a thread (the work runs in DVC's
+    subprocesses) and goes on with its other tests; a lock file held during the build makes every other
+    user wait for it, and whoever takes the lock first builds if nobody has.
+    """
+
+    def __init__(self, tmp_path_factory):
+        base = tmp_path_factory.getbasetemp()
+        root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the run's folder, all workers
+        self.repo, self.done, self.failed = root / "reproduced/repo", root / "reproduced.done", root / "reproduced.err"
+        self.lock = FileLock(root / "reproduced.lock")
+
+    def build(self, wait: bool) -> None:
+        try:
+            self.lock.acquire(timeout=-1 if wait else 0)
+        except Timeout:
+            return  # another worker is building it
+        try:
+            if not (self.done.exists() or self.failed.exists()):
+                tiny_repo.make_repo(self.repo)
+                tiny_repo.dvc(self.repo, "repro", timeout=900)
+                self.done.touch()
+        except Exception as err:  # noqa: BLE001 (every user of the fixture reports it)
+            self.failed.write_text(f"{type(err).__name__}: {err}")
+        finally:
+            self.lock.release()
+
+    def get(self) -> Path:
+        self.build(wait=True)
+        if self.failed.exists():
+            raise RuntimeError(f"reproduced_repo: the tiny dvc repro failed: {self.failed.read_text()}")
+        return self.repo
+
+
+def pytest_collection_modifyitems(items):
+    """Tests on ``reproduced_repo`` run last (in their own order), so its background build overlaps the rest."""
+    items.sort(key=lambda item: "reproduced_repo" in item.fixturenames)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _reproduce_in_background(request, tmp_path_factory):
+    """Start the shared tiny repro as soon as a worker starts, if any selected test needs it."""
+    if any("reproduced_repo" in item.fixturenames or item.get_closest_marker("reproduced")
+           for item in request.session.items):
+        threading.Thread(target=Reproduced(tmp_path_factory).build, args=(False,), daemon=False).start()
+
+
 @pytest.fixture(scope="session")
 def reproduced_repo(tmp_path_factory) -> Path:
-    repo = tiny_repo.make_repo(tmp_path_factory.mktemp("repro") / "repo")
-    tiny_repo.dvc(repo, "repro", timeout=900)
-    return repo
+    return Reproduced(tmp_path_factory).get()
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ with :data:`TINY` and the test's own overrides deep-merged in. :func:`make_repo`
 tree's tracked files plus untracked files git does not ignore (so uncommitted stages are exercised too),
 minus generated outputs (``data/``, ``dvc.lock``, the MLflow store); it gets its own git history (DVC's
 experiment queue needs a commit and an identity) and its own ``mlflow.db``. :func:`stage_running` and
-:func:`assert_same_runs` serve the fault and determinism tests.
+:func:`assert_same_runs` serve the fault tests (which are also the determinism test).
 """
 
 from __future__ import annotations
