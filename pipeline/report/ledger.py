@@ -1,6 +1,6 @@
 """The prediction ledger: minimal-pair contrasts, shortcut floors and exact checks, each decided.
 
-What is predicted is data (:data:`CONTRASTS`, :data:`FLOOR_ROWS`), fixed before any accuracy is read; a row
+What is predicted is data (``contrasts.csv``, :data:`FLOOR_ROWS`), fixed before any accuracy is read; a row
 exists only when both of its arms are configured in params (a pair that is not configured is not a row, so
 nothing is "untestable"). Every row is judged on item-level results:
 
@@ -17,6 +17,7 @@ underpowered (with the seeds needed) -- or "not run" when its runs are missing.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -24,71 +25,21 @@ import pandas as pd
 from pipeline.report import aggregate as agg
 from pipeline.report import cells, stats
 
-# a - b on `subset` of each task; expect "+" (a beats b) or "0" (no effect); `finding` groups rows for the README.
-CONTRASTS = (
-    {"id": "alignment.stride", "finding": "alignment", "a": "resnet_s1", "b": "resnet", "tasks": ("alignment",),
-     "subset": "slice/ood", "expect": "+", "isolates": "strided subsampling (every stride 1 vs 1/2/2)"},
-    {"id": "alignment.convstem", "finding": "alignment", "a": "vit_convstem", "b": "vit", "tasks": ("alignment",),
-     "subset": "slice/ood", "expect": "+", "isolates": "patchify projection vs overlapping conv stem"},
-    {"id": "alignment.overlap", "finding": "alignment", "a": "vit_overlap", "b": "vit", "tasks": ("alignment",),
-     "subset": "slice/ood", "expect": "+", "isolates": "non-overlapping vs overlapping patches"},
-    {"id": "alignment.antialias", "finding": "alignment", "a": "resnet_aa", "b": "resnet", "tasks": ("alignment",),
-     "subset": "slice/ood", "expect": "+", "isolates": "aliased vs BlurPool downsampling"},
-    {"id": "alignment.resnet_vs_vit", "finding": "alignment", "a": "resnet", "b": "vit", "tasks": ("alignment",),
-     "subset": "slice/ood", "expect": "+", "isolates": "convolution vs patch projection (many differences)"},
-    {"id": "scale.resnet_vs_vit", "finding": "scale", "a": "resnet", "b": "vit", "tasks": ("scale",),
-     "subset": "slice/ood", "expect": "+", "isolates": "multi-scale receptive fields vs a fixed patch grid"},
-    {"id": "scale.pyramid", "finding": "scale", "a": "resnet", "b": "resnet_s1", "tasks": ("scale",),
-     "subset": "slice/ood", "expect": "+", "isolates": "the strided pyramid (strides 1/2/2 vs every stride 1)"},
-    {"id": "scale.antialias", "finding": "scale", "a": "resnet_aa", "b": "resnet", "tasks": ("scale",),
-     "subset": "slice/ood", "expect": "0", "isolates": "aliased vs BlurPool downsampling"},
-    {"id": "scale.convstem", "finding": "scale", "a": "vit_convstem", "b": "vit", "tasks": ("scale",),
-     "subset": "slice/ood", "expect": "+", "isolates": "patchify projection vs overlapping conv stem"},
-    {"id": "scale.overlap", "finding": "scale", "a": "vit_overlap", "b": "vit", "tasks": ("scale",),
-     "subset": "slice/ood", "expect": "+", "isolates": "non-overlapping vs overlapping patches"},
-    {"id": "arrangement.sincos", "finding": "arrangement", "a": "vit_sincos", "b": "vit", "tasks": ("arrangement",),
-     "subset": "test", "expect": "+", "isolates": "fixed 2D sin-cos vs learned (random init) position"},
-    {"id": "arrangement.sincos_init", "finding": "arrangement", "a": "vit_sincos_init", "b": "vit",
-     "tasks": ("arrangement",), "subset": "test", "expect": "+",
-     "isolates": "learned position initialised from sin-cos vs from random"},
-    {"id": "arrangement.fixed_vs_learned", "finding": "arrangement", "a": "vit_sincos_init", "b": "vit_sincos",
-     "tasks": ("arrangement",), "subset": "test", "expect": "0",
-     "isolates": "fixed vs learnable, same initial sin-cos code"},
-    {"id": "arrangement.position", "finding": "arrangement", "a": "vit", "b": "vit_nopos", "tasks": ("arrangement",),
-     "subset": "test", "expect": "+", "isolates": "learned position vs none"},
-    {"id": "relation.shift", "finding": "relation", "a": "swin", "b": "swin_noshift", "tasks": ("relation",),
-     "subset": "slice/window=cross", "expect": "+", "isolates": "shifted vs fixed windows, marks across windows"},
-    {"id": "relation.position", "finding": "relation", "a": "vit", "b": "vit_nopos", "tasks": ("relation",),
-     "subset": "test", "expect": "0", "isolates": "learned position vs none (A and B are told apart by colour)"},
-    {"id": "relation.sincos", "finding": "relation", "a": "vit_sincos", "b": "vit", "tasks": ("relation",),
-     "subset": "test", "expect": "0", "isolates": "fixed 2D sin-cos vs learned position"},
-    {"id": "relation.sincos_init", "finding": "relation", "a": "vit_sincos_init", "b": "vit",
-     "tasks": ("relation",), "subset": "test", "expect": "0", "isolates": "learned position from sin-cos vs random"},
-    {"id": "natural.position", "finding": "natural", "a": "vit", "b": "vit_nopos", "tasks": ("natural",),
-     "subset": "test", "expect": "+", "isolates": "learned 1D position vs none (ViT paper, Table 8)"},
-    {"id": "natural.sincos", "finding": "natural", "a": "vit_sincos", "b": "vit", "tasks": ("natural",),
-     "subset": "test", "expect": "0", "isolates": "2D sin-cos vs learned 1D position (ViT paper: equal)"},
-    {"id": "natural.resnet_vs_vit", "finding": "natural", "a": "resnet", "b": "vit", "tasks": ("natural",),
-     "subset": "test", "expect": "+", "isolates": "CNN vs ViT on small natural-image data (data-size reversal)"},
-    {"id": "natural.pyramid", "finding": "natural", "a": "resnet", "b": "resnet_s1", "tasks": ("natural",),
-     "subset": "test", "expect": "0", "isolates": "the strided pyramid vs every stride 1, on CIFAR-10"},
-    {"id": "natural.antialias", "finding": "natural", "a": "resnet_aa", "b": "resnet", "tasks": ("natural",),
-     "subset": "test", "expect": "0", "isolates": "aliased vs BlurPool downsampling, on CIFAR-10"},
-    {"id": "natural.convstem", "finding": "natural", "a": "vit_convstem", "b": "vit", "tasks": ("natural",),
-     "subset": "test", "expect": "+", "isolates": "patchify vs conv stem on CIFAR-10 (Xiao et al. 2021)"},
-    {"id": "natural.overlap", "finding": "natural", "a": "vit_overlap", "b": "vit", "tasks": ("natural",),
-     "subset": "test", "expect": "+", "isolates": "non-overlapping vs overlapping patches, on CIFAR-10"},
-    {"id": "natural.shift", "finding": "natural", "a": "swin", "b": "swin_noshift", "tasks": ("natural",),
-     "subset": "test", "expect": "+", "isolates": "shifted vs fixed windows (Swin paper, Table 4)"},
-    {"id": "natural.hierarchy", "finding": "natural", "a": "swin_noshift", "b": "swin_local", "tasks": ("natural",),
-     "subset": "test", "expect": "+", "isolates": "two windowed stages with merging vs one stage"},
-    {"id": "distill.teacher", "finding": "distillation", "a": "deit", "b": "deit_labels", "tasks": None,
-     "subset": "test", "expect": "+", "isolates": "CNN teacher vs labels only (same DeiT tokens and readout)"},
-    {"id": "distill.readout", "finding": "distillation", "a": "deit_labels", "b": "vit", "tasks": None,
-     "subset": "test", "expect": "0", "isolates": "DeiT class+distillation tokens vs mean-pool readout"},
-    {"id": "distill.teacher_type", "finding": "distillation", "a": "deit", "b": "deit_vit", "tasks": None,
-     "subset": "test", "expect": "+", "isolates": "CNN vs ViT teacher"},
-)
+
+def _contrasts(path: Path) -> tuple[dict, ...]:
+    """The minimal-pair predictions (``contrasts.csv``): ``a - b`` on ``subset`` of each task, ``expect`` "+"
+    (a beats b) or "0" (no effect). A row's finding (which groups rows for the README) and its task are its
+    id's prefix; the ``distill.*`` rows run on every task in ``distill.tasks``."""
+    rows = []
+    for r in pd.read_csv(path, dtype=str, keep_default_na=False).to_dict("records"):
+        prefix = r["id"].split(".")[0]
+        finding, tasks = ("distillation", None) if prefix == "distill" else (prefix, (prefix,))
+        rows.append({"id": r["id"], "finding": finding, "a": r["a"], "b": r["b"], "tasks": tasks,
+                     "subset": r["subset"], "expect": r["expect"], "isolates": r["isolates"]})
+    return tuple(rows)
+
+
+CONTRASTS = _contrasts(Path(__file__).with_name("contrasts.csv"))
 # Predicted "at the shortcut floor" (one arm vs the task's floor; `exclude` = baselines that are the arm itself).
 FLOOR_ROWS = (
     {"id": "reach.swin_local", "finding": "relation", "a": "swin_local", "tasks": ("relation",),
