@@ -58,15 +58,37 @@ def test_committed_params_are_in_dvc_form():
     assert main([str(ROOT / "params.yaml"), "--check"]) == 0
 
 
-def test_large_profile_validates_and_differs_only_in_the_grid():
-    """params-large.yaml: the same study with more cells; every other key follows params.yaml."""
+def _profile(name: str) -> dict:
     from pipeline.config import load_params
 
-    load_params(ROOT / "params-large.yaml")  # raises a ConfigError naming the key if it drifted from the schema
-    base, large = (yaml.safe_load((ROOT / f).read_text()) for f in ("params.yaml", "params-large.yaml"))
-    grid = {"seeds", "archs", "grids"}
-    assert {k: v for k, v in large["train"].items() if k not in grid} == \
-        {k: v for k, v in base["train"].items() if k not in grid}
-    assert {k: v for k, v in large.items() if k not in ("train", "distill")} == \
-        {k: v for k, v in base.items() if k not in ("train", "distill")}
+    load_params(ROOT / name)  # raises a ConfigError naming the key if it drifted from the schema
+    return yaml.safe_load((ROOT / name).read_text())
+
+
+def _outside(doc: dict, grid: set[str], distill: set[str]) -> tuple[dict, dict, dict]:
+    """What a profile must share with params.yaml: everything but the grid keys of train and distill."""
+    return ({k: v for k, v in doc.items() if k not in ("train", "distill")},
+            {k: v for k, v in doc["train"].items() if k not in grid},
+            {k: v for k, v in doc["distill"].items() if k not in distill})
+
+
+def test_large_profile_validates_and_differs_only_in_the_grid():
+    """params-large.yaml: the same study with more cells; every other key follows params.yaml."""
+    base, large = yaml.safe_load((ROOT / "params.yaml").read_text()), _profile("params-large.yaml")
+    grid, distill = {"seeds", "archs", "grids"}, {"teachers", "students", "tasks"}
+    assert _outside(large, grid, distill)[:2] == _outside(base, grid, distill)[:2]
     assert len(large["train"]["seeds"]) >= 10 and set(base["train"]["archs"]) <= set(large["train"]["archs"])
+
+
+def test_quick_profile_is_the_default_with_fewer_cells():
+    """params-quick.yaml: the default's architectures on a subset of its cells; every other key follows it."""
+    base, quick = yaml.safe_load((ROOT / "params.yaml").read_text()), _profile("params-quick.yaml")
+    grid, distill = {"seeds", "archs", "grids"}, {"tasks"}
+    assert _outside(quick, grid, distill) == _outside(base, grid, distill)
+    assert set(quick["train"]["seeds"]) < set(base["train"]["seeds"]) and not quick["train"]["grids"]
+    assert set(quick["distill"]["tasks"]) < set(base["distill"]["tasks"])
+    archs, base_archs = quick["train"]["archs"], base["train"]["archs"]
+    assert list(archs) == list(base_archs)  # every architecture, each on some of its default tasks
+    for arch, spec in archs.items():
+        assert {**spec, "tasks": None} == {**base_archs[arch], "tasks": None}, arch
+        assert spec["tasks"] and set(spec["tasks"]) <= set(base_archs[arch]["tasks"]), arch
