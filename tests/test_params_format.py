@@ -53,9 +53,10 @@ def test_check_flag(tmp_path, formatted, capsys):
     assert main([str(tmp_path / "missing.yaml")]) == 2
 
 
-def test_committed_params_are_in_dvc_form():
-    """The repository's params.yaml is what `dvc exp run -S` would write back: an -S edit is a one-line diff."""
-    assert main([str(ROOT / "params.yaml"), "--check"]) == 0
+@pytest.mark.parametrize("name", ["params.yaml", "params-quick.yaml", "params-large.yaml"])
+def test_committed_params_are_in_dvc_form(name):
+    """The repository's params files are what `dvc exp run -S` would write back: an -S edit is a one-line diff."""
+    assert main([str(ROOT / name), "--check"]) == 0
 
 
 def _profile(name: str) -> dict:
@@ -77,7 +78,18 @@ def test_large_profile_validates_and_differs_only_in_the_grid():
     base, large = yaml.safe_load((ROOT / "params.yaml").read_text()), _profile("params-large.yaml")
     grid, distill = {"seeds", "archs", "grids"}, {"teachers", "students", "tasks"}
     assert _outside(large, grid, distill)[:2] == _outside(base, grid, distill)[:2]
-    assert len(large["train"]["seeds"]) >= 10 and set(base["train"]["archs"]) <= set(large["train"]["archs"])
+    assert len(large["train"]["seeds"]) >= 10
+    assert _runs("params.yaml") < _runs("params-large.yaml")  # every default cell, and more
+
+
+def _runs(name: str) -> set[Path]:
+    """Every run a profile trains (teachers, main grid, grids, students), by its output folder."""
+    from pipeline.config import load_params
+    from pipeline.grid import Folders, teacher_specs, train_specs
+
+    params, at = load_params(ROOT / name), Folders(Path("tasks"), Path("slices"), Path("runs"), Path("ckpt"),
+                                                   Path("teachers"))
+    return {s.out_dir for s in [*train_specs(params, at), *teacher_specs(params, at)]}
 
 
 def test_quick_profile_is_the_default_with_fewer_cells():
@@ -92,3 +104,4 @@ def test_quick_profile_is_the_default_with_fewer_cells():
     for arch, spec in archs.items():
         assert {**spec, "tasks": None} == {**base_archs[arch], "tasks": None}, arch
         assert spec["tasks"] and set(spec["tasks"]) <= set(base_archs[arch]["tasks"]), arch
+    assert _runs("params-quick.yaml") < _runs("params.yaml")
