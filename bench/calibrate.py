@@ -2,12 +2,14 @@
 
     python -m bench.calibrate [--lrs 1e-3 2e-3 4e-3] [--seed 0] [--tasks T ...] [--out reports/calibration]
 
-Every (arch, task, lr) trains once at the default budget (``train.recipe`` with only ``lr`` changed), on the
-default data (``dvc repro`` must have produced ``data/tasks`` and ``data/slices``). The table says, per arch
-and task, the in-distribution validation accuracy at each lr, so a reader can tell a recipe problem (one lr
-escapes a plateau, another does not) from an architectural one (no lr escapes), and sees that every
-architecture got exactly the same number of trials. Runs log to MLflow experiment ``<prefix>-calibrate``.
-``--tasks`` recalibrates only those tasks (after a difficulty change) and keeps the other tasks' rows.
+Every (arch, task) cell of the main grid (``train.archs``; the DeiT students need teachers and are left out)
+trains once per learning rate at the default budget (``train.recipe`` with only ``lr`` changed), on the default
+data (``dvc repro`` must have produced ``data/tasks`` and ``data/slices``), through the pipeline's own
+:func:`pipeline.experiment.execute` (its worker pool, MLflow experiment ``<prefix>-calibrate``). The table says,
+per arch and task, the validation accuracy at each lr, so a reader can tell a recipe problem (one lr escapes a
+plateau, another does not) from an architectural one (no lr escapes), and sees that every architecture got
+exactly the same number of trials. ``--tasks`` recalibrates only those tasks (after a difficulty change) and keeps
+the other tasks' rows.
 """
 
 from __future__ import annotations
@@ -18,68 +20,66 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline.config import load_params
+from pipeline.config import Params, load_params, parse_params
+from pipeline.grid import Folders, RunKey, RunSpec, specs_for
 from pipeline.io import write_text, write_with
-from pipeline.learner import quiet_lightning
 
 
-def trials(params, tasks: list[str], lrs: list[float], seed: int, scratch: Path):
-    from pipeline.experiment import RunSpec
-
-    for arch in params.train.archs:
-        for task in tasks:
-            for lr in lrs:
-                tag = f"{arch}-{task}-lr{lr:g}"
-                yield lr, RunSpec(stage="calibrate", task=task, arch=arch, seed=seed, train_size=params.train.size,
-                                  data_dir=Path("data/tasks") / task, slices_dir=Path("data/slices") / task,
-                                  out_dir=scratch / tag / "out", ckpt_dir=scratch / tag / "ckpt",
-                                  label=f"{arch}@lr{lr:g}")
+def trial_specs(params: Params, tasks: list[str], seed: int, at: Folders) -> list[RunSpec]:
+    """One run per (arch, task) of the main grid among ``tasks``, at the main budget and ``seed``."""
+    t, r = params.train, params.train.recipe
+    return [s for arch, cell in t.archs.items()
+            for s in specs_for("train", [RunKey(task, arch, seed, t.size, r.steps, r.budget_mode)
+                                         for task in cell.tasks if task in tasks], at)]
 
 
-def run_lr(item):
-    """One trial in a worker: the default params with only the learning rate changed."""
-    from pipeline.experiment import run
-
-    params, lr, spec = item
+def with_lr(params: Params, lr: float) -> Params:
     raw = params.model_dump(mode="json")
     raw["train"]["recipe"]["lr"] = lr
-    from pipeline.config import parse_params
-
-    return lr, spec.arch, run(spec, parse_params(raw))
+    return parse_params(raw)
 
 
-def main(argv: list[str] | None = None) -> None:
+def calibrate(params: Params, tasks: list[str], lrs: list[float], seed: int, data: Path, slices: Path,
+              scratch: Path) -> pd.DataFrame:
+    """Train every trial; one row per (arch, task, lr)."""
+    from pipeline.experiment import execute
+
+    rows = []
+    for lr in lrs:
+        at = Folders(data, slices, scratch / f"lr{lr:g}" / "runs", scratch / f"lr{lr:g}" / "ckpt")
+        specs = trial_specs(params, tasks, seed, at)
+        for m in execute(specs, with_lr(params, lr), "calibrate", at.ckpt):
+            rows.append({"arch": m["arch"], "task": m["task"], "lr": lr, "val_acc": m["val_acc"],
+                         "id_acc": m["slices"].get("slice/id", m["slices"]["test"])["acc"],
+                         "test_acc": m["test_acc"]})
+    return pd.DataFrame(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--lrs", type=float, nargs="+", default=[1e-3, 2e-3, 4e-3])
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--tasks", nargs="+", default=None, help="default: every task of train.tasks")
+    ap.add_argument("--tasks", nargs="+", default=None, help="default: every task in tasks.names")
+    ap.add_argument("--data", type=Path, default=Path("data/tasks"))
+    ap.add_argument("--slices", type=Path, default=Path("data/slices"))
     ap.add_argument("--out", type=Path, default=Path("reports/calibration"))
     args = ap.parse_args(argv)
     params = load_params(args.params)
-    tasks = args.tasks or params.train.tasks
-    quiet_lightning()
-    import multiprocessing
-
+    tasks = args.tasks or list(params.tasks.names)
+    n = len(trial_specs(params, tasks, args.seed, Folders(args.data, args.slices, Path(), Path())))
+    print(f"calibration: {n} cells x {len(args.lrs)} learning rates = {n * len(args.lrs)} runs", flush=True)
     with tempfile.TemporaryDirectory(prefix="calibrate-") as scratch:
-        items = [(params, lr, spec) for lr, spec in trials(params, tasks, args.lrs, args.seed, Path(scratch))]
-        print(f"calibration: {len(items)} runs ({len(params.train.archs)} archs x {len(tasks)} tasks "
-              f"x {len(args.lrs)} learning rates) on {params.train.runtime.workers} workers", flush=True)
-        with multiprocessing.get_context("fork").Pool(params.train.runtime.workers) as pool:
-            results = pool.map(run_lr, items)
-    rows = [{"arch": arch, "task": m["task"], "lr": lr, "val_acc": m["val_acc"],
-             "id_acc": m["slices"].get("slice/id", m["slices"]["test"])["acc"], "test_acc": m["test_acc"],
-             "final_train_loss": (m["curve"][-1].get("train_loss") if m["curve"] else None)}
-            for lr, arch, m in results]
-    table = pd.DataFrame(rows)
+        table = calibrate(params, tasks, args.lrs, args.seed, args.data, args.slices, Path(scratch))
     old = args.out / "calibration.csv"
     if args.tasks and old.exists():
         kept = pd.read_csv(old)
         table = pd.concat([kept[~kept.task.isin(tasks)], table])
     table = table.sort_values(["task", "arch", "lr"])
-    write_with(args.out / "calibration.csv", lambda tmp: table.to_csv(tmp, index=False))
+    write_with(old, lambda tmp: table.to_csv(tmp, index=False))
     write_text(args.out / "calibration.md", markdown(table, params, args.seed))
     print(markdown(table, params, args.seed))
+    return 0
 
 
 def markdown(table: pd.DataFrame, params, seed: int) -> str:
@@ -103,4 +103,4 @@ def markdown(table: pd.DataFrame, params, seed: int) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
