@@ -22,7 +22,7 @@ from pipeline.tasks.common import TaskData, image_to_cells
 from pipeline.tasks.natural import CLASSES, read_cifar10, resize
 from pipeline.tasks.relation import PALETTE, window_factors
 
-SYNTHETIC = ["alignment", "scale", "relation", "arrangement"]
+SYNTHETIC = [name for name in TASKS if name != "natural"]  # every generated task: a new one is tested too
 REPO = tiny_repo.repo_params()
 GEO = REPO.geometry  # 16 px, P = 4
 
