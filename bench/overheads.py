@@ -1,8 +1,9 @@
 """Where one run's wall time goes: ``python -m bench.overheads [--arch vit] [--steps 200] [--repeat 2]``.
 
 One run built from the pipeline's own pieces (``pipeline.learner``'s DataModule, Classifier, Curves and
-:class:`~pipeline.learner.PhaseTimer`; the Trainer settings of ``pipeline.experiment.run``; an MLflow logger on a
-throwaway sqlite store) on random 16-px data of the task's shape, timed by phase:
+:class:`~pipeline.learner.PhaseTimer`; the Trainer settings of ``pipeline.experiment._trainer``, which has no
+logger; a throwaway sqlite MLflow store written before and after the fit, as the stage process writes it) on
+random 16-px data of the task's shape, timed by phase:
 imports (a fresh interpreter), data loading (``np.load`` + tensor conversion), model build, the fit split by
 :class:`PhaseTimer` (training steps, validation, checkpoints, loop/logging, setup), evaluation (test predictions
 and the one-pixel-shift predictions), MLflow (logger, hyperparams, final metrics, artifact).
@@ -40,9 +41,11 @@ def fake_task(folder: Path, params, n_train: int, n_val: int, n_test: int, class
     np.save(folder / "labels.npy", rng.integers(0, classes, n).astype(np.int64))
 
 
-def one_run(params, arch: str, steps: int, folder: Path, n_train: int, n_val: int, fit_logger: bool = True) -> dict:
-    """Phase seconds and final weights of one run (see the module docstring); ``fit_logger=False``: MLflow only
-    before and after the fit, as when workers return results and the stage process logs them."""
+def one_run(params, arch: str, steps: int, folder: Path, n_train: int, n_val: int,
+            fit_logger: bool = False) -> dict:
+    """Phase seconds and final weights of one run (see the module docstring); MLflow only before and after the
+    fit, as the pipeline does (workers return results, the stage process logs them); ``fit_logger=True`` also
+    attaches the MLflow logger to the Trainer (a cost the pipeline's runs do not pay)."""
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import MLFlowLogger
@@ -107,7 +110,7 @@ def one_run(params, arch: str, steps: int, folder: Path, n_train: int, n_val: in
 
 
 def breakdown(arch: str, steps: int, repeat: int, n_train: int = 4000, n_val: int = 1000,
-              n_test: int = 2000, fit_logger: bool = True) -> dict:
+              n_test: int = 2000, fit_logger: bool = False) -> dict:
     """Per-phase seconds of the last of ``repeat`` runs, the step share, and bit-identity across the runs."""
     import torch
     import yaml
@@ -142,9 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arch", default="vit")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--no-fit-logger", action="store_true", help="no MLflow logger inside the fit")
+    ap.add_argument("--fit-logger", action="store_true",
+                    help="also an MLflow logger inside the fit (the pipeline's runs have none)")
     args = ap.parse_args(argv)
-    out = breakdown(args.arch, args.steps, args.repeat, fit_logger=not args.no_fit_logger)
+    out = breakdown(args.arch, args.steps, args.repeat, fit_logger=args.fit_logger)
     print(json.dumps(out, indent=1))
     return 0
 
