@@ -103,15 +103,15 @@ class Reproduced:
 
 
 def pytest_collection_modifyitems(items):
-    """Tests on ``reproduced_repo`` run last (in their own order), so its background build overlaps the rest."""
-    items.sort(key=lambda item: "reproduced_repo" in item.fixturenames)
+    """Tests on ``reproduced_repo`` run last, so its background build overlaps the rest; before them the other
+    slow tests, so no worker is left with a long one at the end (the sort is stable: files keep their order)."""
+    items.sort(key=lambda item: ("reproduced_repo" in item.fixturenames, item.get_closest_marker("slow") is None))
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _reproduce_in_background(request, tmp_path_factory):
     """Start the shared tiny repro as soon as a worker starts, if any selected test needs it."""
-    if any("reproduced_repo" in item.fixturenames or item.get_closest_marker("reproduced")
-           for item in request.session.items):
+    if any("reproduced_repo" in item.fixturenames for item in request.session.items):
         threading.Thread(target=Reproduced(tmp_path_factory).build, args=(False,), daemon=False).start()
 
 

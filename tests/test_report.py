@@ -264,10 +264,11 @@ def test_every_predicted_contrast_is_run_at_the_default_params():
     assert {f"{f['id']}.{t}" for f in ledger.FLOOR_ROWS for t in f["tasks"]} <= planned
 
 
-def test_every_grid_cell_has_a_main_grid_partner_at_the_default_params():
+@pytest.mark.parametrize("profile", ["params.yaml", "params-large.yaml"])
+def test_every_grid_cell_has_a_main_grid_partner(profile):
     """A grid run (more steps, another size, draw or budget mode) is judged against the same arch and task in the
     main grid; a grid cell whose arch does not run that task in the main grid would be a pair with one arm."""
-    params = load_params(ROOT / "params.yaml")
+    params = load_params(ROOT / profile)
     conf = ledger.configured_cells(params)
     for name, grid in params.train.grids.items():
         for arch in grid.archs:
