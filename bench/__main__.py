@@ -279,7 +279,9 @@ def render(steps: list[StepResult], matmul: float, data: dict[str, float], data_
         total = timing.get("total", sum(stages.values()))  # bench.repro_timing's wall total, DVC's own time in
         lines += ["From `reports/repro_timing.json`, written by `python -m bench.repro_breakdown` (a fresh-clone "
                   "repro's timestamped console; per-run detail in `repro_breakdown.md`) or `python -m "
-                  "bench.repro_timing`. A stage lasts until the next one starts.", "",
+                  "bench.repro_timing`. A stage lasts until the next one starts. That repro may have run on "
+                  "another machine than the rest of this page (compare its step times in `repro_breakdown.md` "
+                  "with the tables here).", "",
                   "| stage | seconds |", "|---|---|",
                   *[f"| {k} | {v:,.0f} |" for k, v in stages.items()],
                   f"| **total (wall)** | {total:,.0f} |", "",
