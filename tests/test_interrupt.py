@@ -1,7 +1,9 @@
 """SIGKILL in the middle of training, then ``dvc repro`` again: exact resume, no orphaned MLflow run.
 
-On a tiny repository (tests/conftest.py) with one task and one architecture, long enough (120 steps,
-a checkpoint every 20) to be killed between checkpoints.
+One tiny repository (tests/conftest.py) with one task and one architecture, long enough (120 steps, a
+checkpoint every 20) to be killed between checkpoints, serves both scenarios (one test, a subtest each): a
+kill before the first checkpoint (the training stage's program on its own params file and folders), then a
+kill between checkpoints under ``dvc repro``.
 """
 
 from __future__ import annotations
@@ -67,9 +69,16 @@ def train_cmd(params: str, out: str, ckpt: str) -> list[str]:
             "data/tasks", "--slices", "data/slices", "--teachers", "data/teachers", "--out", out, "--ckpt", ckpt]
 
 
-def test_sigkill_then_repro_resumes_exactly(make_tiny_repo):
+def test_sigkill_mid_training_then_rerun(subtests, make_tiny_repo):
     repo = make_tiny_repo("repo", OVERRIDES)
     tiny_repo.dvc(repo, "repro", "slice@alignment")
+    with subtests.test("before the first checkpoint"):
+        killed_before_first_checkpoint(repo)
+    with subtests.test("between checkpoints, under dvc repro"):
+        resumes_exactly(repo)
+
+
+def resumes_exactly(repo: Path) -> None:
     ckpt = repo / "data/ckpt/train/vit" / RUN
     out = repo / "data/runs/vit" / RUN
 
@@ -96,12 +105,11 @@ def test_sigkill_then_repro_resumes_exactly(make_tiny_repo):
     assert "train" not in tiny_repo.dvc(repo, "status", "train").stdout  # up to date
 
 
-def test_kill_before_first_checkpoint_marks_run_killed(make_tiny_repo):
+def killed_before_first_checkpoint(repo: Path) -> None:
     """No checkpoint to resume from: the rerun starts over and ends the dead MLflow run as KILLED."""
-    repo = make_tiny_repo("repo", tiny_repo.merge(OVERRIDES, {"train": {"recipe": {"steps": 60, "warmup_steps": 5}}}))
     run = Path("vit/alignment/n128-t60-s0-d0")
-    tiny_repo.dvc(repo, "repro", "slice@alignment")
     params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["train"]["recipe"].update(steps=60, warmup_steps=5)
     params["train"]["runtime"]["checkpoint_every_steps"] = 100_000  # never reached: killed without a checkpoint
     tiny_repo.write_params(repo / "never.yaml", params)
     cmd = train_cmd("never.yaml", "data/k", "data/k_ckpt")
