@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-import tiny_repo
-from filelock import FileLock, Timeout  # tests/ is on sys.path (pytest's rootdir-less test folder), like this conftest
+import tiny_repo  # tests/ is on sys.path (pytest's rootdir-less test folder), like this conftest
+from filelock import FileLock, Timeout
 
 
 @contextmanager
