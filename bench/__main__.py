@@ -40,7 +40,7 @@ import yaml
 from torch.utils.data import DataLoader, TensorDataset
 
 from bench import data_speed, overheads, startup, worker_env
-from pipeline import budget
+from pipeline import budget, executor
 from pipeline.config import Params
 from pipeline.learner import Classifier, quiet_lightning
 from pipeline.models import build_model
@@ -385,7 +385,7 @@ RECORDED_CHANGES = (
 )
 
 
-def render_changes(workers: list[dict], starts: list[dict], exits: list[dict]) -> list[str]:
+def render_changes(workers: list[dict], starts: list[dict], exits: list[dict], cuda: dict) -> list[str]:
     """One table: each kept speed change and what it bought (this run's figures first); nothing in small mode."""
     if not workers or not starts:
         return []
@@ -401,6 +401,10 @@ def render_changes(workers: list[dict], starts: list[dict], exits: list[dict]) -
          f"{by['cold']['ready_s'] / by['warm']['ready_s']:.2f}x", "this run (table above)"),
         ("`gc.freeze()` before a process exits", "s to exit after importing the stack", f"{ex['plain']:.2f}",
          f"{ex['frozen']:.2f}", f"{ex['plain'] / ex['frozen']:.2f}x", "this run (above)"),
+        *([("no NVML probe in AdamW's CUDA check without a GPU (`executor.cheap_cuda_check`)",
+            "ms per fused AdamW `step()` on the ViT (once per training step)", f"{cuda['nvml']:.2f}",
+            f"{cuda['runtime']:.2f}", f"{cuda['nvml'] / cuda['runtime']:.2f}x",
+            "this run (`bench.worker_env.cuda_check`)")] if cuda else []),
         *((change, what, before, after, "", source) for change, what, before, after, source in RECORDED_CHANGES),
     ]
     table = pd.DataFrame(rows, columns=["change", "measured", "before", "after", "speed-up", "measured by"])
@@ -422,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--archs", nargs="+", default=["vit", "swin", "resnet"])
     args = ap.parse_args(argv)
     quiet_lightning()
+    executor.cheap_cuda_check()  # as every run does (pipeline.executor._call)
     warnings.filterwarnings("ignore", message=".*no `val_dataloader`.*")  # validation is not part of a step
     torch.set_num_threads(1)
     params = Params.model_validate(yaml.safe_load((tiny_repo.ROOT / "params.yaml").read_text()))
@@ -462,9 +467,10 @@ def main(argv: list[str] | None = None) -> int:
     # fresh processes (with Dask clusters): not in CI's small mode
     workers = [] if small else worker_env.measure(args.archs, 200)
     starts, exits = ([], []) if small else (startup.measure(5), startup.measure_exit(5))
+    cuda = {} if small else worker_env.cuda_check()
     text = render(results, matmul, data, data_n, dvc, timing, "small" if small else "full", params)
     sections = (render_phases(phases) + render_worker_env(workers) + render_startup(starts, exits)
-                + render_changes(workers, starts, exits))
+                + render_changes(workers, starts, exits, cuda))
     write_text(args.out, text + "\n".join(sections) + "\n")
     print(f"-> {args.out}")
     return 0

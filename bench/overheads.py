@@ -116,10 +116,12 @@ def breakdown(arch: str, steps: int, repeat: int, n_train: int = 4000, n_val: in
     import yaml
 
     from pipeline.config import Params
+    from pipeline.executor import cheap_cuda_check
     from pipeline.learner import quiet_lightning
     from tests import tiny_repo
 
     quiet_lightning()
+    cheap_cuda_check()  # as every run does (pipeline.executor._call)
     torch.set_num_threads(1)
     params = Params.model_validate(yaml.safe_load((tiny_repo.ROOT / "params.yaml").read_text()))
     with tempfile.TemporaryDirectory() as tmp:

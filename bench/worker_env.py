@@ -45,6 +45,47 @@ def step_ms(arch: str, steps: int, skip: int = 20) -> float:
     return (time.perf_counter() - start) / steps * 1e3
 
 
+def opt_step_ms(nvml_check: bool, steps: int = 500, arch: str = "vit") -> float:
+    """ms per fused AdamW ``step()`` (gradients in place) with ``PYTORCH_NVML_BASED_CUDA_CHECK`` as Lightning's
+    import leaves it (``nvml_check``) or as :func:`pipeline.executor.cheap_cuda_check` sets it without a GPU."""
+    import os
+
+    import torch
+
+    from pipeline.config import load_params
+    from pipeline.models import build_model
+
+    before = os.environ.get(executor.NVML_CHECK)
+    os.environ[executor.NVML_CHECK] = "1" if nvml_check else "0"
+    try:
+        torch.set_num_threads(1)
+        torch.manual_seed(0)
+        model = build_model(arch, load_params(Path(executor.__file__).parents[1] / "params.yaml"), 4)
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
+        opt.step()
+        start = time.perf_counter()
+        for _ in range(steps):
+            opt.step()
+        return (time.perf_counter() - start) / steps * 1e3
+    finally:
+        if before is None:
+            os.environ.pop(executor.NVML_CHECK, None)
+        else:
+            os.environ[executor.NVML_CHECK] = before
+
+
+def cuda_check(repeats: int = 5) -> dict:
+    """Best of ``repeats`` :func:`opt_step_ms` both ways (None where a GPU makes the check cached anyway)."""
+    import torch
+
+    if torch.cuda.device_count() > 0:
+        return {}
+    return {"nvml": min(opt_step_ms(True) for _ in range(repeats)),
+            "runtime": min(opt_step_ms(False) for _ in range(repeats))}
+
+
 def on_cluster(arch: str, steps: int, dask_default: bool) -> float:
     """Mean ms/step of two workers stepping ``arch`` at once: on a plain Dask LocalCluster (``dask_default``) or
     on the executor's own local cluster."""

@@ -36,6 +36,7 @@ ADDRESS_ENV = "DASK_SCHEDULER_ADDRESS"  # Dask's own variable (dask config `sche
 # too, so 1 would fail innocent bystanders).
 ALLOWED_WORKER_DEATHS = 2
 MALLOC_TRIM_KEY = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"  # set by lightning.fabric's import
 
 
 class RunFailed(StageError):
@@ -47,10 +48,27 @@ class RunFailed(StageError):
         super().__init__(f"run {name} failed: {summary}{where}")
 
 
+def cheap_cuda_check() -> None:
+    """Make ``torch.cuda.is_available()`` cheap where there is no GPU.
+
+    Lightning's import sets ``PYTORCH_NVML_BASED_CUDA_CHECK=1``; then, while CUDA is not initialised, every call
+    tries to load NVML anew (a failed ``dlopen``: 0.1-1.3 ms on a busy 2-core machine), and AdamW asks once per
+    step (its CUDA-graph capture check). Without a GPU there is no CUDA to poison a fork with, and the runtime's
+    own count (~2 us) gives the same answer (bench/worker_env.py ``cuda_check``). Called before
+    every run (and after a warm worker's imports): a process's first run may still pay the slow check, when
+    Lightning is first imported inside it.
+    """
+    import torch
+
+    if os.environ.get(NVML_CHECK) == "1" and not torch.cuda.is_initialized() and torch.cuda.device_count() == 0:
+        os.environ[NVML_CHECK] = "0"
+
+
 def _call(fn: Callable, item: Any, threads: int) -> tuple[bool, Any]:
     """Run ``fn(item)`` on ``threads`` torch threads; an exception comes back as data, not as a raise."""
     import torch
 
+    cheap_cuda_check()
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -113,6 +131,7 @@ def dask_client(workers: int, scheduler: str | None = None):
 def _import(modules: tuple[str, ...]) -> None:
     for name in modules:
         importlib.import_module(name)
+    cheap_cuda_check()  # after Lightning's import, which sets the slow check
 
 
 @contextmanager

@@ -67,15 +67,31 @@ def imported(name: str) -> bool:
     return name in sys.modules
 
 
+def nvml_check(_item=None) -> str | None:
+    return os.environ.get(executor.NVML_CHECK)
+
+
+no_gpu = pytest.mark.skipif(torch.cuda.device_count() > 0, reason="with a GPU the check is cached, and kept")
+
+
+@no_gpu
+def test_runs_skip_lightnings_nvml_probe_without_a_gpu(monkeypatch):
+    monkeypatch.setenv(executor.NVML_CHECK, "1")  # as lightning.fabric's import leaves it
+    assert dict(map_runs(nvml_check, [0], workers=1)) == {0: "0"}
+
+
 @pytest.mark.slow  # starts a local Dask cluster (worker processes)
-def test_pool_started_first_imports_on_every_worker_and_matches_in_process():
+def test_pool_started_first_imports_on_every_worker_and_matches_in_process(monkeypatch):
     seeds = [0, 1, 2]
     local = dict(map_runs(fit_tiny, seeds, workers=1))
+    monkeypatch.setenv(executor.NVML_CHECK, "1")  # workers inherit it, as after the stage process imports Lightning
     with executor.worker_pool(2, warm=("tabnanny",)) as pool:
         workers = list(pool.scheduler_info()["workers"])
         assert not imported("tabnanny") and len(workers) == 2  # a module nothing else imports
         remote = dict(map_runs(fit_tiny, seeds, workers=2, pool=pool))
         assert all(pool.submit(imported, "tabnanny", workers=[w], pure=False).result() for w in workers)
+        if torch.cuda.device_count() == 0:  # the warm-up imports turned the slow check off on every worker
+            assert all(pool.submit(nvml_check, workers=[w], pure=False).result() == "0" for w in workers)
     for s in seeds:
         assert all(torch.equal(local[s][k], remote[s][k]) for k in local[s]), s
     with executor.worker_pool(1, warm=("tabnanny",)) as pool:
