@@ -300,6 +300,62 @@ def render(steps: list[StepResult], matmul: float, data: dict[str, float], data_
     return "\n".join(lines) + "\n"
 
 
+# `python -m bench phases` training steps (seconds per 1000 steps) on the machine of the committed default repro,
+# quoted from reports/performance.md at ddbb62f (written in that repro's session): a repro on another machine is
+# scaled by its own machine's steps against these.
+REFERENCE_STEPS = {"commit": "ddbb62f", "steps": 1000, "s": {"vit": 8.54, "swin": 16.51, "resnet": 13.98}}
+QUICK = "reports/quick/repro_timing.json"
+
+
+def machine_ratio(phases: list[dict]) -> float | None:
+    """This machine's training-step time over the reference machine's, mean over the archs both timed."""
+    ref = REFERENCE_STEPS["s"]
+    ratios = [r["phases"]["fit/steps"] / r["steps"] / (ref[r["arch"]] / REFERENCE_STEPS["steps"])
+              for r in phases if r["arch"] in ref]
+    return sum(ratios) / len(ratios) if ratios else None
+
+
+def render_quick(quick: dict | None, phases: list[dict], quick_summary: dict | None,
+                 summary: dict | None) -> list[str]:
+    """The 30-minute profile's fresh-clone repro (bench.repro_breakdown --out reports/quick), scaled to the
+    default repro's machine; nothing without one."""
+    if not quick:
+        return []
+    total, t = quick["total"], quick.get("training", {})
+    ratio = machine_ratio(phases)
+    ref = ", ".join(f"{a} {v:.2f} s" for a, v in REFERENCE_STEPS["s"].items())
+    lines = ["", "## The 30-minute profile (`params-quick.yaml`), measured", "",
+             f"From `{QUICK}`: a fresh clone's `cp params-quick.yaml params.yaml && make repro` (installation "
+             "excluded), broken down by `python -m bench.repro_breakdown --out reports/quick` (its per-run detail "
+             "and report summary: `reports/quick/`). That repro ran on the machine of this page.", "",
+             "| stage | seconds |", "|---|---|",
+             *[f"| {k} | {v:,.0f} |" for k, v in quick.items() if k not in ("total", "training")],
+             f"| **total (wall)** | {total:,.0f} |", ""]
+    if t:
+        lines += [f"Training stages: {t['runs']} runs in {t['wall_s'] / 60:.1f} min; optimizer steps take "
+                  f"{t['steps_share']:.0%} of their worker time and {t['steps_share_of_runs']:.0%} of the runs' own "
+                  "time.", ""]
+    if ratio is None:
+        lines.append(f"Measured: {total / 60:.1f} min (no phases table on this page to scale it by).")
+    else:
+        scaled = total / ratio / 60
+        lines.append(f"Measured: {total / 60:.1f} min here. This machine's training steps take {ratio:.2f}x as long "
+                     "as on the machine of the default repro (the phases table's `steps` against `python -m bench "
+                     f"phases` there, {REFERENCE_STEPS['steps']} steps: {ref}, quoted from performance.md at "
+                     f"{REFERENCE_STEPS['commit']}); scaled to that machine: **{scaled:.1f} min**, against the goal "
+                     f"of {STUDY_GOAL_MIN} min: {'met' if scaled <= STUDY_GOAL_MIN else 'missed'}. Steps are "
+                     f"{t.get('steps_share', 1):.0%} of the training time, so the scaling is approximate for the "
+                     "rest (imports, MLflow, the report).")
+    if quick_summary and summary:
+        def counts(s: dict) -> str:
+            return ", ".join(f"{k} {v}" for k, v in s.get("ledger", {}).items())
+
+        lines += ["", f"What it decides: ledger verdicts at this profile: {counts(quick_summary)}; at the default "
+                  f"(`reports/summary.json`): {counts(summary)}. Fewer seeds and no extra axes leave more "
+                  "contrasts underpowered or not run; the default study is the one that decides."]
+    return lines
+
+
 PHASES = ("imports", "data", "model", "fit/steps", "fit/validation", "fit/checkpoint", "fit/loop", "fit/setup",
           "evaluation", "mlflow")
 
@@ -469,8 +525,12 @@ def main(argv: list[str] | None = None) -> int:
     starts, exits = ([], []) if small else (startup.measure(5), startup.measure_exit(5))
     cuda = {} if small else worker_env.cuda_check()
     text = render(results, matmul, data, data_n, dvc, timing, "small" if small else "full", params)
-    sections = (render_phases(phases) + render_worker_env(workers) + render_startup(starts, exits)
-                + render_changes(workers, starts, exits, cuda))
+    quick_path, root = tiny_repo.ROOT / QUICK, tiny_repo.ROOT / "reports"
+    quick = json.loads(quick_path.read_text()) if quick_path.exists() else None
+    summaries = [json.loads(p.read_text()) if p.exists() else None
+                 for p in (root / "quick/summary.json", root / "summary.json")]
+    sections = (render_phases(phases) + render_quick(quick, phases, *summaries) + render_worker_env(workers)
+                + render_startup(starts, exits) + render_changes(workers, starts, exits, cuda))
     write_text(args.out, text + "\n".join(sections) + "\n")
     print(f"-> {args.out}")
     return 0

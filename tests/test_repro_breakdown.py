@@ -18,7 +18,7 @@ LOG = """\
 def run(tmp, arch, run_s, fit, steps):
     folder = tmp / "data/runs" / arch / "alignment/n1-t1-s0-d0"
     folder.mkdir(parents=True)
-    (folder / "metrics.json").write_text(json.dumps({"arch": arch, "teacher": None, "budget": {},
+    (folder / "metrics.json").write_text(json.dumps({"arch": arch, "teacher": None, "budget": {"optimizer_steps": 400},
                                                      "measured": {"run_s": run_s, "phases_s": {"fit": fit,
                                                                                                "steps": steps}}}))
 
@@ -40,3 +40,19 @@ def test_breakdown_of_a_small_repro(tmp_path):
     assert "`measured.run_s`: 1.8 worker-minutes), steps take 82%" in text  # 90 of 110 s inside the runs
     timing = json.loads((tmp_path / "out/repro_timing.json").read_text())
     assert timing["total"] == 60.0 and timing["training"]["steps_share_of_runs"] == 90.0 / 110.0
+    assert timing["training"]["ms_per_step"] == {"resnet": 125.0, "vit": 100.0}  # 50 s and 40 s over 400 steps
+
+
+def test_quick_profile_is_scaled_by_this_machines_steps():
+    from bench.__main__ import REFERENCE_STEPS, render_quick
+
+    ref = REFERENCE_STEPS["s"]["vit"]  # seconds per REFERENCE_STEPS["steps"] steps on the reference machine
+    quick = {"train": 3000.0, "report": 600.0, "total": 3600.0,
+             "training": {"runs": 10, "wall_s": 3000.0, "steps_share": 0.8, "steps_share_of_runs": 0.9}}
+    twice = [{"arch": "vit", "steps": 500, "phases": {"fit/steps": ref}}]  # half the steps in the same time
+    text = "\n".join(render_quick(quick, twice, {"ledger": {"held": 1}}, {"ledger": {"held": 2}}))
+    assert "take 2.00x as long" in text and "**30.0 min**" in text and "30 min: met" in text
+    assert "at this profile: held 1; at the default (`reports/summary.json`): held 2" in text
+    slower = [{"arch": "vit", "steps": 500, "phases": {"fit/steps": ref * 0.9}}]
+    assert "30 min: missed" in "\n".join(render_quick(quick, slower, None, None))
+    assert render_quick(None, twice, None, None) == []
