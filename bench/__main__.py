@@ -315,8 +315,26 @@ def machine_ratio(phases: list[dict]) -> float | None:
     return sum(ratios) / len(ratios) if ratios else None
 
 
+def verdict_changes(default: pd.DataFrame, quick: pd.DataFrame) -> list[str]:
+    """How the quick profile's ledger rows compare with the same rows at the default (``ledger.csv`` tables)."""
+    both = default.set_index("id")[["verdict"]].join(
+        quick.set_index("id")[["verdict"]].rename(columns={"verdict": "verdict_quick"}), how="inner")
+    same = both.verdict == both.verdict_quick
+    decided = {"held", "failed", "equivalent"}
+    lost = both[~same & both.verdict.isin(decided) & ~both.verdict_quick.isin(decided)]
+    flipped = both[~same & both.verdict.isin(decided) & both.verdict_quick.isin(decided)]
+    gained = both[~same & ~both.verdict.isin(decided)]
+    lines = [f"Of its {len(quick)} ledger rows, {len(both)} are also the default's ({len(default)} rows): "
+             f"{int(same.sum())} with the same verdict; {len(lost)} decided at the default and not here "
+             f"({', '.join(lost.index) or 'none'}); {len(flipped)} decided both ways with another verdict "
+             f"({', '.join(f'{i}: {r.verdict} -> {r.verdict_quick}' for i, r in flipped.iterrows()) or 'none'}); "
+             f"{len(gained)} undecided at the default and decided here "
+             f"({', '.join(f'{i}: {r.verdict_quick}' for i, r in gained.iterrows()) or 'none'})."]
+    return lines
+
+
 def render_quick(quick: dict | None, phases: list[dict], quick_summary: dict | None,
-                 summary: dict | None) -> list[str]:
+                 summary: dict | None, ledgers: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> list[str]:
     """The 30-minute profile's fresh-clone repro (bench.repro_breakdown --out reports/quick), scaled to the
     default repro's machine; nothing without one."""
     if not quick:
@@ -353,6 +371,8 @@ def render_quick(quick: dict | None, phases: list[dict], quick_summary: dict | N
         lines += ["", f"What it decides: ledger verdicts at this profile: {counts(quick_summary)}; at the default "
                   f"(`reports/summary.json`): {counts(summary)}. Fewer seeds and no extra axes leave more "
                   "contrasts underpowered or not run; the default study is the one that decides."]
+    if ledgers is not None:
+        lines += ["", *verdict_changes(*ledgers)]
     return lines
 
 
@@ -529,7 +549,9 @@ def main(argv: list[str] | None = None) -> int:
     quick = json.loads(quick_path.read_text()) if quick_path.exists() else None
     summaries = [json.loads(p.read_text()) if p.exists() else None
                  for p in (root / "quick/summary.json", root / "summary.json")]
-    sections = (render_phases(phases) + render_quick(quick, phases, *summaries) + render_worker_env(workers)
+    csvs = (root / "tables/ledger.csv", root / "quick/ledger.csv")
+    ledgers = tuple(pd.read_csv(p) for p in csvs) if all(p.exists() for p in csvs) else None
+    sections = (render_phases(phases) + render_quick(quick, phases, *summaries, ledgers) + render_worker_env(workers)
                 + render_startup(starts, exits) + render_changes(workers, starts, exits, cuda))
     write_text(args.out, text + "\n".join(sections) + "\n")
     print(f"-> {args.out}")

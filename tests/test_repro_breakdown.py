@@ -56,3 +56,18 @@ def test_quick_profile_is_scaled_by_this_machines_steps():
     slower = [{"arch": "vit", "steps": 500, "phases": {"fit/steps": ref * 0.9}}]
     assert "30 min: missed" in "\n".join(render_quick(quick, slower, None, None))
     assert render_quick(None, twice, None, None) == []
+
+
+def test_verdict_changes_between_the_default_and_the_quick_ledger():
+    import pandas as pd
+
+    from bench.__main__ import verdict_changes
+
+    default = pd.DataFrame({"id": ["a", "b", "c", "d", "e"],
+                            "verdict": ["held", "held", "failed", "underpowered", "equivalent"]})
+    quick = pd.DataFrame({"id": ["a", "b", "c", "d"], "verdict": ["held", "underpowered", "held", "failed"]})
+    (line,) = verdict_changes(default, quick)
+    assert line.startswith("Of its 4 ledger rows, 4 are also the default's (5 rows): 1 with the same verdict;")
+    assert "1 decided at the default and not here (b)" in line
+    assert "1 decided both ways with another verdict (c: failed -> held)" in line
+    assert "1 undecided at the default and decided here (d: failed)" in line
