@@ -1,6 +1,6 @@
 """Where a full ``dvc repro``'s wall time went: per stage, and per run inside the training stages.
 
-    python -m bench.repro_breakdown --log repro.log --repo <reproduced repo> [--out reports]
+    python -m bench.repro_breakdown --log repro.log --repo <reproduced repo> [--out reports] [--phases]
 
 ``--log`` is the console of the repro with a Unix timestamp prefixed to every line (for example
 ``make repro | while read l; do echo "$(date +%s.%N) $l"; done``). A stage lasts from its ``Running stage``
@@ -23,6 +23,7 @@ import pandas as pd
 
 from pipeline.io import write_json, write_text
 
+PHASE_ARCHS, PHASE_STEPS = ("vit", "swin", "resnet"), 1000  # bench.REFERENCE_STEPS holds the same for the reference
 STAGE = re.compile(r"Running stage '([^']+)'")
 CPU = re.compile(r"^(\w+): \d+ runs; the stage process used ([\d.]+) s of CPU")  # pipeline.stages.common
 
@@ -92,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repo", type=Path, required=True)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("reports"))
+    ap.add_argument("--phases", action="store_true",
+                    help="also time 1000 training steps of vit, swin and resnet here (bench phases), so another "
+                         "machine's repro can be compared with this one; run it on the repro's machine")
     args = ap.parse_args(argv)
     times, total = stage_times(args.log)
     attempts = len(args.log)
@@ -111,7 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     t |= {"steps_share": t["steps_s"] / max(t["worker_s"], 1e-9),
           "steps_share_of_runs": float(whole.steps_s / whole.run_s)}
     t["ms_per_step"] = {a: round(float(v), 3) for a, v in per_arch.ms_per_step.dropna().items()}
-    write_json(args.out / "repro_timing.json", {**times, "total": total, "training": t})
+    timing = {**times, "total": total, "training": t}
+    if args.phases:
+        from bench import overheads
+
+        timing["machine_steps_s"] = {"steps": PHASE_STEPS, "s": {
+            arch: overheads.breakdown(arch, PHASE_STEPS, repeat=1)["phases"]["fit/steps"] for arch in PHASE_ARCHS}}
+    write_json(args.out / "repro_timing.json", timing)
     lines = [
         "# Full `dvc repro`: where the wall time went", "",
         "Written by `python -m bench.repro_breakdown` from the timestamped console of one fresh-clone `make repro` "

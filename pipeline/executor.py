@@ -56,7 +56,8 @@ def cheap_cuda_check() -> None:
     step (its CUDA-graph capture check). Without a GPU there is no CUDA to poison a fork with, and the runtime's
     own count (~2 us) gives the same answer (bench/worker_env.py ``cuda_check``). Called before
     every run (and after a warm worker's imports): a process's first run may still pay the slow check, when
-    Lightning is first imported inside it.
+    Lightning is first imported inside it. The variable stays off for this process and those it starts, which
+    without a GPU changes no answer they get.
     """
     import torch
 

@@ -88,10 +88,10 @@ def test_pool_started_first_imports_on_every_worker_and_matches_in_process(monke
     with executor.worker_pool(2, warm=("tabnanny",)) as pool:
         workers = list(pool.scheduler_info()["workers"])
         assert not imported("tabnanny") and len(workers) == 2  # a module nothing else imports
+        if torch.cuda.device_count() == 0:  # the warm-up imports (before any run) turned the slow check off
+            assert all(pool.submit(nvml_check, workers=[w], pure=False).result() == "0" for w in workers)
         remote = dict(map_runs(fit_tiny, seeds, workers=2, pool=pool))
         assert all(pool.submit(imported, "tabnanny", workers=[w], pure=False).result() for w in workers)
-        if torch.cuda.device_count() == 0:  # the warm-up imports turned the slow check off on every worker
-            assert all(pool.submit(nvml_check, workers=[w], pure=False).result() == "0" for w in workers)
     for s in seeds:
         assert all(torch.equal(local[s][k], remote[s][k]) for k in local[s]), s
     with executor.worker_pool(1, warm=("tabnanny",)) as pool:

@@ -43,19 +43,25 @@ def test_breakdown_of_a_small_repro(tmp_path):
     assert timing["training"]["ms_per_step"] == {"resnet": 125.0, "vit": 100.0}  # 50 s and 40 s over 400 steps
 
 
-def test_quick_profile_is_scaled_by_this_machines_steps():
+def test_quick_profile_is_estimated_from_its_own_machine_figures():
     from bench.__main__ import REFERENCE_STEPS, render_quick
 
-    ref = REFERENCE_STEPS["s"]["vit"]  # seconds per REFERENCE_STEPS["steps"] steps on the reference machine
-    quick = {"train": 3000.0, "report": 600.0, "total": 3600.0,
+    ref, n = REFERENCE_STEPS["s"], REFERENCE_STEPS["steps"]
+    # its machine: vit steps twice as slow, swin four times; its shared stages three times as slow
+    machine = {"steps": n // 2, "s": {"vit": ref["vit"], "swin": ref["swin"] * 2}}
+    quick = {"data@alignment": 30.0, "train": 3000.0, "report": 570.0, "total": 3600.0, "machine_steps_s": machine,
              "training": {"runs": 10, "wall_s": 3000.0, "steps_share": 0.8, "steps_share_of_runs": 0.9}}
-    twice = [{"arch": "vit", "steps": 500, "phases": {"fit/steps": ref}}]  # half the steps in the same time
-    text = "\n".join(render_quick(quick, twice, {"ledger": {"held": 1}}, {"ledger": {"held": 2}}))
-    assert "take 2.00x as long" in text and "**30.0 min**" in text and "30 min: met" in text
+    default = {"data@alignment": 10.0, "train": 9000.0, "total": 9100.0}
+    text = "\n".join(render_quick(quick, default, {"ledger": {"held": 1}}, {"ledger": {"held": 2}}))
+    assert "**60.0 min** on the machine that ran it" in text and "vit 2.00x, swin 4.00x faster" in text
+    assert "ran 3.00x faster there" in text  # 30 s against 10 s
+    # training 3000 s over the mean ratio 3 plus the other 600 s over 3: 1200 s; over 4 and 2: 950 and 1700 s
+    assert "**about 20 min** (15.8-28.3 over the per-arch ratios)" in text and "within it, as an estimate" in text
     assert "at this profile: held 1; at the default (`reports/summary.json`): held 2" in text
-    slower = [{"arch": "vit", "steps": 500, "phases": {"fit/steps": ref * 0.9}}]
-    assert "30 min: missed" in "\n".join(render_quick(quick, slower, None, None))
-    assert render_quick(None, twice, None, None) == []
+    assert "machine_steps_s" not in text.split("| **total")[0]  # not a stage row
+    unscaled = "\n".join(render_quick({**quick, "machine_steps_s": None}, default, None, None))
+    assert "Not scaled to another machine" in unscaled and "Estimated" not in unscaled
+    assert render_quick(None, default, None, None) == []
 
 
 def test_verdict_changes_between_the_default_and_the_quick_ledger():
@@ -63,11 +69,12 @@ def test_verdict_changes_between_the_default_and_the_quick_ledger():
 
     from bench.__main__ import verdict_changes
 
-    default = pd.DataFrame({"id": ["a", "b", "c", "d", "e"],
-                            "verdict": ["held", "held", "failed", "underpowered", "equivalent"]})
-    quick = pd.DataFrame({"id": ["a", "b", "c", "d"], "verdict": ["held", "underpowered", "held", "failed"]})
+    default = pd.DataFrame({"id": ["a", "b", "c", "d", "e", "f"],
+                            "verdict": ["held", "held", "failed", "underpowered", "equivalent", "underpowered"]})
+    quick = pd.DataFrame({"id": ["a", "b", "c", "d", "f"],
+                          "verdict": ["held", "underpowered", "held", "failed", "not_run"]})
     (line,) = verdict_changes(default, quick)
-    assert line.startswith("Of its 4 ledger rows, 4 are also the default's (5 rows): 1 with the same verdict;")
+    assert line.startswith("Of its 5 ledger rows, 5 are also the default's (6 rows): 1 with the same verdict;")
     assert "1 decided at the default and not here (b)" in line
     assert "1 decided both ways with another verdict (c: failed -> held)" in line
     assert "1 undecided at the default and decided here (d: failed)" in line
