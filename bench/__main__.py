@@ -362,10 +362,11 @@ def render_quick(quick: dict | None, default: dict | None, quick_summary: dict |
     if ratios and common and t:
         other = total - t["wall_s"]
         other_ratio = sum(stages[k] for k in common) / sum(default[k] for k in common)
-        mean = sum(ratios.values()) / len(ratios)
-        est = {r: (t["wall_s"] / r + other / other_ratio) / 60 for r in (mean, max(ratios.values()),
-                                                                         min(ratios.values()))}
-        lo, mid, hi = est[max(ratios.values())], est[mean], est[min(ratios.values())]
+        def minutes(step_ratio: float) -> float:
+            return (t["wall_s"] / step_ratio + other / other_ratio) / 60
+
+        mid = minutes(sum(ratios.values()) / len(ratios))
+        lo, hi = minutes(max(ratios.values())), minutes(min(ratios.values()))
         ref = ", ".join(f"{a} {v:.2f} s" for a, v in REFERENCE_STEPS["s"].items())
         lines.append(
             "Estimated (not measured) on the machine of the default repro: that machine's training steps were "

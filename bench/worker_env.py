@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 from pipeline import executor
 
@@ -48,16 +50,12 @@ def step_ms(arch: str, steps: int, skip: int = 20) -> float:
 def opt_step_ms(nvml_check: bool, steps: int = 500, arch: str = "vit") -> float:
     """ms per fused AdamW ``step()`` (gradients in place) with ``PYTORCH_NVML_BASED_CUDA_CHECK`` as Lightning's
     import leaves it (``nvml_check``) or as :func:`pipeline.executor.cheap_cuda_check` sets it without a GPU."""
-    import os
-
     import torch
 
     from pipeline.config import load_params
     from pipeline.models import build_model
 
-    before = os.environ.get(executor.NVML_CHECK)
-    os.environ[executor.NVML_CHECK] = "1" if nvml_check else "0"
-    try:
+    with mock.patch.dict(os.environ, {executor.NVML_CHECK: "1" if nvml_check else "0"}):
         torch.set_num_threads(1)
         torch.manual_seed(0)
         model = build_model(arch, load_params(Path(executor.__file__).parents[1] / "params.yaml"), 4)
@@ -69,15 +67,10 @@ def opt_step_ms(nvml_check: bool, steps: int = 500, arch: str = "vit") -> float:
         for _ in range(steps):
             opt.step()
         return (time.perf_counter() - start) / steps * 1e3
-    finally:
-        if before is None:
-            os.environ.pop(executor.NVML_CHECK, None)
-        else:
-            os.environ[executor.NVML_CHECK] = before
 
 
 def cuda_check(repeats: int = 5) -> dict:
-    """Best of ``repeats`` :func:`opt_step_ms` both ways (None where a GPU makes the check cached anyway)."""
+    """Best of ``repeats`` :func:`opt_step_ms` both ways; empty where a GPU makes the check cached anyway."""
     import torch
 
     if torch.cuda.device_count() > 0:
