@@ -80,8 +80,9 @@ class PlainStep:
 
 
 class Interleaved(L.Callback):
-    """After every Lightning step, one :class:`PlainStep` on the same batch: the two are timed in alternation,
-    milliseconds apart, so a slow spell of a shared machine slows both sides of a pair alike.
+    """After every Lightning step, one :class:`PlainStep` (the same batch, from its own pass over the loader): the
+    two are timed in alternation, milliseconds apart, so a slow spell of a shared machine slows both sides of a
+    pair alike.
 
     Lightning step ``k``: from batch ``k``'s start to batch ``k + 1``'s (its whole loop: data, hooks, closure,
     optimizer), minus the plain step run in between. The first ``skip`` steps are warm-up.
@@ -205,7 +206,7 @@ def training_step(arch: str, params: Params, steps: int, skip: int) -> StepResul
 
 def loop_floor(params: Params, steps: int, skip: int) -> tuple[float, float]:
     """Median (Lightning, plain) s/step on a one-layer linear classifier, whose own compute is next to nothing:
-    what Lightning's loop costs per step whatever the model."""
+    what Lightning's loop alone costs per step."""
     g = params.geometry
     L.seed_everything(0, verbose=False)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(g.channels * g.image_size ** 2, 10))
