@@ -7,7 +7,8 @@ Prints and writes (Markdown) what the pipeline costs on this machine, each figur
 
 1. training step time through Lightning (a Trainer configured like ``pipeline.experiment._trainer``) vs a
    plain PyTorch loop on the same model, optimizer, schedule and batches, step by step in alternation
-   (goal: median per-step ratio <= 1.10), and Lightning's loop cost on a linear model;
+   (goal: total-time ratio <= 1.10, with a bootstrap interval), an A/A control and Lightning's loop cost on a
+   linear model;
 2. achieved training FLOP/s (pipeline.budget counts) vs this machine's measured fp32 matmul rate;
 3. data generation images/s (bench/data_speed.py);
 4. a no-op ``dvc repro`` (goal <= 3 s) and whether a report-only param edit retrains nothing, in ``--repo``
@@ -26,8 +27,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
-import statistics
 import sys
 import tempfile
 import time
@@ -36,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
@@ -73,8 +73,9 @@ class PlainStep:
         x, y = next(self.batches)
         self.opt.zero_grad(set_to_none=True)
         F.cross_entropy(self.model(x), y, label_smoothing=self.recipe.label_smoothing).backward()
-        if self.recipe.grad_clip:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.recipe.grad_clip)
+        if self.recipe.grad_clip:  # over the optimizer's parameters in its groups' order, as Lightning clips
+            torch.nn.utils.clip_grad_norm_([q for g in self.opt.param_groups for q in g["params"]],
+                                           self.recipe.grad_clip)
         self.opt.step()
         self.sched.step()
 
@@ -89,7 +90,7 @@ class Interleaved(L.Callback):
     """
 
     def __init__(self, plain: PlainStep, skip: int):
-        self.step, self.skip = plain, skip
+        self.plain_step, self.skip = plain, skip
         self.lightning: list[float] = []
         self.plain: list[float] = []
         self._start, self._inside = None, 0.0
@@ -102,7 +103,7 @@ class Interleaved(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         t = time.perf_counter()
-        self.step()
+        self.plain_step()
         self._inside = time.perf_counter() - t
         if batch_idx >= self.skip:
             self.plain.append(self._inside)
@@ -114,16 +115,38 @@ def interleaved_steps(model: torch.nn.Module, loader: DataLoader, params: Params
     (each fetched from its own pass over ``loader``), and whether they end with bit-identical weights (the same
     computation both ways); the Trainer is ``pipeline.experiment._trainer``'s settings minus its checkpoints."""
     rt, r = params.train.runtime, params.train.recipe
-    clock = Interleaved(PlainStep(copy.deepcopy(model), loader, params, steps), skip)
+    harness = Interleaved(PlainStep(copy.deepcopy(model), loader, params, steps), skip)
     trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, precision=rt.precision, deterministic=True,
-                        logger=False, enable_checkpointing=False, callbacks=[clock], limit_val_batches=0,
+                        logger=False, enable_checkpointing=False, callbacks=[harness], limit_val_batches=0,
                         gradient_clip_val=r.grad_clip or None, enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0)
     module = _module(copy.deepcopy(model), params, steps)
     trainer.fit(module, train_dataloaders=loader)
-    a, b = module.model.state_dict(), clock.step.model.state_dict()
-    n = len(clock.lightning)  # the last step has no next start
-    return clock.lightning, clock.plain[:n], all(torch.equal(a[k], b[k]) for k in a)
+    n = len(harness.lightning)  # the last step has no next start
+    return harness.lightning, harness.plain[:n], _same_weights(module.model, harness.plain_step.model)
+
+
+def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    x, y = a.state_dict(), b.state_dict()
+    return all(torch.equal(x[k], y[k]) for k in x)
+
+
+def plain_pairs(model: torch.nn.Module, loader: DataLoader, params: Params, steps: int,
+                skip: int) -> tuple[list[float], list[float], bool]:
+    """The A/A control of :func:`interleaved_steps`: two plain copies alternating step by step in a plain loop.
+    Their ratio should be 1 within its interval; a harness that favoured the first or the second of a pair would
+    show here."""
+    a, b = (PlainStep(copy.deepcopy(model), loader, params, steps) for _ in range(2))
+    first, second = [], []
+    for k in range(steps):
+        t0 = time.perf_counter()
+        a()
+        t1 = time.perf_counter()
+        b()
+        if k >= skip:
+            first.append(t1 - t0)
+            second.append(time.perf_counter() - t1)
+    return first, second, _same_weights(a.model, b.model)
 
 
 def matmul_flops_per_s(n: int = 512, repeats: int = 20) -> float:
@@ -137,52 +160,59 @@ def matmul_flops_per_s(n: int = 512, repeats: int = 20) -> float:
     return 2 * n**3 / best
 
 
+BLOCK, MIN_BLOCKS = 20, 5  # consecutive steps per bootstrap block (neighbours share a machine spell); fewest
+
+
 @dataclass
 class StepResult:
-    """Per-step times of one model through Lightning and through the plain loop, step by step in alternation."""
+    """Per-step times of one model both ways, in ``fits`` separate fits, paired step by step."""
 
     arch: str
-    lightning: list[float]  # s of each Lightning step
-    plain: list[float]  # s of the plain step that followed it
+    fits: list[tuple[list[float], list[float]]]  # per fit: (s per step one way, s per step the other way)
     train_flops_per_step: int
-    identical: bool  # both copies ended with bit-identical weights
-
-    @property
-    def step_ratios(self) -> list[float]:
-        return [a / b for a, b in zip(self.lightning, self.plain, strict=True)]
-
-    @property
-    def ratio(self) -> float:
-        """Median of the per-step ratios."""
-        return statistics.median(self.step_ratios)
-
-    @property
-    def interval(self) -> tuple[float, float]:
-        """Distribution-free 95% confidence interval of the median ratio (:func:`median_interval`)."""
-        return median_interval(self.step_ratios)
+    identical: bool  # in every fit both copies ended with bit-identical weights
+    block: int = BLOCK
 
     @property
     def lightning_s(self) -> float:
-        return statistics.median(self.lightning)
+        """Mean s per step, the first way (Lightning)."""
+        return sum(sum(a) for a, _ in self.fits) / sum(len(a) for a, _ in self.fits)
 
     @property
     def plain_s(self) -> float:
-        return statistics.median(self.plain)
+        return sum(sum(b) for _, b in self.fits) / sum(len(b) for _, b in self.fits)
+
+    @property
+    def ratio(self) -> float:
+        """Total time the first way over total time the other: what the training loop costs, not a typical step."""
+        return self.lightning_s / self.plain_s
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        """95% interval of :attr:`ratio` (:func:`ratio_interval`); None with fewer than MIN_BLOCKS blocks."""
+        return ratio_interval(self.fits, self.block)
 
 
-def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
-    """The order statistics ``(x_(k), x_(n+1-k))`` that cover the median with probability >= ``level``, for any
-    continuous distribution: the number of values below the median is Binomial(n, 1/2). The widest pair
-    (lowest, highest) when ``n`` is too small for ``level``."""
-    x, n = sorted(values), len(values)
-    tail = (1 - level) / 2
-    below = 0.0  # P(Binomial(n, 1/2) <= k - 1): the chance that x_(k) lies above the median
-    k = 0
-    while k < n // 2 and below + math.comb(n, k) / 2 ** n <= tail:
-        below += math.comb(n, k) / 2 ** n
-        k += 1
-    k = max(k, 1)
-    return x[k - 1], x[n - k]
+def ratio_interval(fits: list[tuple[list[float], list[float]]], block: int, level: float = 0.95,
+                   replicates: int = 2000, seed: int = 0) -> tuple[float, float] | None:
+    """Two-level bootstrap of sum(first) / sum(second): fits drawn with replacement, then blocks of ``block``
+    consecutive paired steps within each drawn fit (percentile interval, seeded). The blocks keep the
+    step-to-step correlation of a machine's slow spells; the fits carry the variation from one fit to the next.
+    """
+    per_fit = [np.array([(sum(a[i:i + block]), sum(b[i:i + block])) for i in range(0, len(a) - block + 1, block)])
+               for a, b in fits]
+    per_fit = [f for f in per_fit if len(f)]
+    if sum(len(f) for f in per_fit) < MIN_BLOCKS:
+        return None
+    rng = np.random.default_rng(seed)
+    ratios = np.empty(replicates)
+    for r in range(replicates):
+        total = np.zeros(2)
+        for f in rng.integers(0, len(per_fit), len(per_fit)):
+            total += per_fit[f][rng.integers(0, len(per_fit[f]), len(per_fit[f]))].sum(axis=0)
+        ratios[r] = total[0] / total[1]
+    lo, hi = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
 
 
 def _loader(params: Params, steps: int) -> DataLoader:
@@ -195,23 +225,38 @@ def _loader(params: Params, steps: int) -> DataLoader:
     return DataLoader(BatchTensors(x, y), batch_size=batch, collate_fn=as_batch)
 
 
-def training_step(arch: str, params: Params, steps: int, skip: int) -> StepResult:
-    """Lightning and plain step times of ``arch`` on identical initial weights and batches."""
+def _fits(measure, model: torch.nn.Module, params: Params, steps: int, skip: int,
+          fits: int) -> tuple[list, bool]:
+    loader = _loader(params, steps)
+    runs = [measure(model, loader, params, steps, skip) for _ in range(fits)]
+    return [(a, b) for a, b, _ in runs], all(same for *_, same in runs)
+
+
+def training_step(arch: str, params: Params, steps: int, skip: int, fits: int, block: int = BLOCK) -> StepResult:
+    """Lightning and plain step times of ``arch`` (:func:`interleaved_steps`, ``fits`` times) from the same
+    initial weights on the same batches."""
     L.seed_everything(0, verbose=False)
     model = build_model(arch, params, 10)
-    light, plain, identical = interleaved_steps(model, _loader(params, steps), params, steps, skip)
+    pairs, identical = _fits(interleaved_steps, model, params, steps, skip, fits)
     per_image = budget.train_flops_per_image(budget.measured_forward_flops(model, params))
-    return StepResult(arch, light, plain, per_image * params.train.recipe.batch_size, identical)
+    return StepResult(arch, pairs, per_image * params.train.recipe.batch_size, identical, block)
 
 
-def loop_floor(params: Params, steps: int, skip: int) -> tuple[float, float]:
-    """Median (Lightning, plain) s/step on a one-layer linear classifier, whose own compute is next to nothing:
-    what Lightning's loop alone costs per step."""
+def loop_floor(params: Params, steps: int, skip: int, fits: int, block: int = BLOCK) -> StepResult:
+    """Both ways on a one-layer linear classifier, whose own compute is next to nothing: what Lightning's loop
+    alone costs per step."""
     g = params.geometry
     L.seed_everything(0, verbose=False)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(g.channels * g.image_size ** 2, 10))
-    light, plain, _ = interleaved_steps(model, _loader(params, steps), params, steps, skip)
-    return statistics.median(light), statistics.median(plain)
+    pairs, identical = _fits(interleaved_steps, model, params, steps, skip, fits)
+    return StepResult("linear", pairs, 0, identical, block)
+
+
+def aa_control(arch: str, params: Params, steps: int, skip: int, fits: int, block: int = BLOCK) -> StepResult:
+    """:func:`plain_pairs` on ``arch``: the harness's own bias and noise, where the true ratio is 1."""
+    L.seed_everything(0, verbose=False)
+    pairs, identical = _fits(plain_pairs, build_model(arch, params, 10), params, steps, skip, fits)
+    return StepResult(arch, pairs, 0, identical, block)
 
 
 # --------------------------------------------------------------------------- 4: DVC
@@ -285,11 +330,16 @@ def _verdict(lo: float, hi: float, goal: float) -> str:
     return "yes" if hi <= goal else "no" if lo > goal else "undecided"
 
 
-def render(steps: list[StepResult], floor: tuple[float, float], skip: int, matmul: float,
-           data: dict[str, float], data_n: int, dvc: dict | None, timing: dict | None, mode: str,
+def _interval(r: StepResult) -> str:
+    iv = r.interval
+    return "n/a (too few steps)" if iv is None else f"{iv[0]:.3f}-{iv[1]:.3f}"
+
+
+def render(steps: list[StepResult], floor: StepResult, aa: StepResult, timing_shape: tuple[int, int, int],
+           matmul: float, data: dict[str, float], data_n: int, dvc: dict | None, timing: dict | None, mode: str,
            params: Params) -> str:
     g, batch = params.geometry, params.train.recipe.batch_size
-    timed = len(steps[0].lightning)
+    fits, n_steps, skip = timing_shape
     lines = [
         "# Performance (level 3: measured on this machine)",
         "",
@@ -302,14 +352,16 @@ def render(steps: list[StepResult], floor: tuple[float, float], skip: int, matmu
         f"Same model (params.yaml widths, {g.image_size} px), AdamW groups, warmup+cosine schedule, gradient "
         f"clipping and batches (batch {batch}); the Trainer is configured like `pipeline/experiment.py` "
         "(deterministic, no logger, no progress bar) without its checkpoints. Goal: ratio <= "
-        f"{LIGHTNING_GOAL:.2f}. The two train side by side, from the same initial weights on the same batches: "
-        "after every Lightning step a callback runs one plain step, so each pair of steps is timed milliseconds "
-        f"apart and a slow spell of a shared machine slows both alike ({timed} pairs per arch after {skip} "
-        "warm-up steps; a Lightning step is its whole loop from one batch's start to the next's, minus the plain "
-        "step in between). The ratio is the median of the per-step ratios, with its distribution-free 95% "
-        "interval (order statistics); the goal is met when the whole interval is at or below it, missed when the "
-        "whole interval is above. The step times are medians. *Same final weights*: the two copies end "
-        "bit-identical, so both sides computed the same training.",
+        f"{LIGHTNING_GOAL:.2f}. Each arch is fitted {fits} times for {n_steps} steps, two copies side by side "
+        "from the same initial weights on the same batches: after every Lightning step a callback runs one plain "
+        "step, so the two are timed in alternation, milliseconds apart, and a slow spell of a shared machine "
+        "slows both alike (a Lightning step is its whole loop from one batch's start to the next's, minus the "
+        f"plain step in between; the first {skip} steps of a fit are warm-up). Step times are means; the ratio "
+        "is Lightning's total step time over the plain loop's (what the loop costs, not a typical step). Its 95% "
+        f"interval is a two-level bootstrap: fits, then blocks of {BLOCK} consecutive steps within them (2000 "
+        "replicates), so it carries the variation between fits as well as between steps. The goal is met when "
+        "the whole interval is at or below it, missed when the whole interval is above it, and undecided "
+        "otherwise.",
         "",
         "| arch | Lightning ms/step | plain ms/step | ratio | 95% interval | goal met | same final weights | "
         "achieved train GFLOP/s | share of matmul peak |",
@@ -317,18 +369,30 @@ def render(steps: list[StepResult], floor: tuple[float, float], skip: int, matmu
     ]
     for s in steps:
         achieved = s.train_flops_per_step / s.lightning_s
-        lo, hi = s.interval
+        iv = s.interval
+        verdict = "undecided" if iv is None else _verdict(*iv, LIGHTNING_GOAL)
         lines.append(f"| {s.arch} | {s.lightning_s * 1e3:.2f} | {s.plain_s * 1e3:.2f} | {s.ratio:.3f} | "
-                     f"{lo:.3f}-{hi:.3f} | {_verdict(lo, hi, LIGHTNING_GOAL)} | "
-                     f"{'yes' if s.identical else 'NO'} | {achieved / 1e9:.2f} | {achieved / matmul:.1%} |")
-    fixed = (floor[0] - floor[1]) * 1e3
+                     f"{_interval(s)} | {verdict} | {'yes' if s.identical else 'NO'} | {achieved / 1e9:.2f} | "
+                     f"{achieved / matmul:.1%} |")
+    same = all(s.identical for s in steps)
     extra = ", ".join(f"{s.arch} {(s.lightning_s - s.plain_s) * 1e3:.2f} ms of {s.plain_s * 1e3:.2f}" for s in steps)
-    lines += ["", f"Lightning's loop alone costs {fixed:.2f} ms a step: on a one-layer linear "
-              f"classifier (next to no compute) a Lightning step takes {floor[0] * 1e3:.2f} ms and a plain one "
-              f"{floor[1] * 1e3:.2f} ms. That is its hook dispatch (every hook call passes the profiler context "
-              "and sets the module's current hook name), the closure around the optimizer step, the scheduler and "
-              "clipping calls, and the finite-loss check; `Classifier.training_step` feeds `self.log_dict` only "
-              f"on the steps a logger writes. The medians' extra per step: {extra}."]
+    lines += [
+        "",
+        ("*Same final weights*: in every fit the two copies ended bit-identical, so both sides computed the same "
+         "training." if same else "*Same final weights*: NO for some arch: the two sides did not compute the "
+         "same training there, and its ratio compares different work."),
+        "",
+        f"Control (A/A): two plain copies of the {aa.arch} alternating step by step in a plain loop, the same "
+        f"fits: ratio {aa.ratio:.3f} ({_interval(aa)}), where the truth is 1; a harness that favoured one side of "
+        "a pair would show here.",
+        "",
+        f"Lightning's loop alone: on a one-layer linear classifier (next to no compute) a Lightning step takes "
+        f"{floor.lightning_s * 1e3:.2f} ms and a plain one {floor.plain_s * 1e3:.2f} ms, "
+        f"{(floor.lightning_s - floor.plain_s) * 1e3:.2f} ms more (ratio interval {_interval(floor)}). "
+        "That loop runs Lightning's per-step hooks, the closure around the optimizer step, the scheduler and "
+        "clipping calls and `Classifier.training_step`'s finite-loss check; the step feeds `self.log_dict` only "
+        f"on the steps a logger writes. The extra per step with the models: {extra}.",
+    ]
     lines += [
         "",
         f"Matmul reference: fp32 512x512 @ 512x512 on one thread, {matmul / 1e9:.1f} GFLOP/s. Achieved = counted "
@@ -610,17 +674,19 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     params = Params.model_validate(yaml.safe_load((tiny_repo.ROOT / "params.yaml").read_text()))
     small = args.small
-    steps, skip = (8, 3) if small else (300, 20)
+    fits, steps, skip = (1, 8, 3) if small else (5, 200, 20)
     data_n = 1000 if small else 20_000
 
     results = []
     for arch in args.archs:
-        results.append(training_step(arch, params, steps, skip))
+        results.append(training_step(arch, params, steps, skip, fits))
         r = results[-1]
         print(f"{arch}: Lightning {r.lightning_s * 1e3:.2f} ms/step, plain {r.plain_s * 1e3:.2f} ms/step, "
-              f"ratio {r.ratio:.3f} (95% {r.interval[0]:.3f}-{r.interval[1]:.3f})", flush=True)
-    floor = loop_floor(params, steps, skip)
-    print(f"Lightning's loop on a linear model: {(floor[0] - floor[1]) * 1e3:.2f} ms/step extra", flush=True)
+              f"ratio {r.ratio:.3f} ({_interval(r)})", flush=True)
+    floor = loop_floor(params, steps, skip, fits)
+    aa = aa_control(args.archs[0], params, steps, skip, fits)
+    print(f"Lightning's loop on a linear model: {(floor.lightning_s - floor.plain_s) * 1e3:.2f} ms/step extra; "
+          f"A/A control {aa.ratio:.3f} ({_interval(aa)})", flush=True)
     matmul = matmul_flops_per_s(repeats=5 if small else 20)
     print(f"fp32 matmul: {matmul / 1e9:.1f} GFLOP/s (1 thread)")
     repeats_data = 1 if small else 3
@@ -649,8 +715,8 @@ def main(argv: list[str] | None = None) -> int:
     workers = [] if small else worker_env.measure(args.archs, 200)
     starts, exits = ([], []) if small else (startup.measure(5), startup.measure_exit(5))
     cuda = {} if small else worker_env.cuda_check()
-    text = render(results, floor, skip, matmul, data, data_n, dvc, timing, "small" if small else "full",
-                  params)
+    text = render(results, floor, aa, (fits, steps, skip), matmul, data, data_n, dvc, timing,
+                  "small" if small else "full", params)
     quick_path, root = tiny_repo.ROOT / QUICK, tiny_repo.ROOT / "reports"
     quick = json.loads(quick_path.read_text()) if quick_path.exists() else None
     summaries = [json.loads(p.read_text()) if p.exists() else None
