@@ -160,7 +160,9 @@ def matmul_flops_per_s(n: int = 512, repeats: int = 20) -> float:
     return 2 * n**3 / best
 
 
-BLOCK, MIN_BLOCKS = 20, 5  # consecutive steps per bootstrap block (neighbours share a machine spell); fewest
+# consecutive steps per bootstrap block (neighbours share a machine's slow spells), and the fewest blocks an
+# interval is given for
+BLOCK, MIN_BLOCKS = 20, 5
 
 
 @dataclass
@@ -227,6 +229,8 @@ def _loader(params: Params, steps: int) -> DataLoader:
 
 def _fits(measure, model: torch.nn.Module, params: Params, steps: int, skip: int,
           fits: int) -> tuple[list, bool]:
+    """``measure`` (:func:`interleaved_steps` or :func:`plain_pairs`) ``fits`` times from ``model``'s weights: the
+    paired step times of each fit, and whether every fit ended with the same weights both ways."""
     loader = _loader(params, steps)
     runs = [measure(model, loader, params, steps, skip) for _ in range(fits)]
     return [(a, b) for a, b, _ in runs], all(same for *_, same in runs)
