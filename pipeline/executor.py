@@ -129,10 +129,26 @@ def dask_client(workers: int, scheduler: str | None = None):
         yield client
 
 
-def _import(modules: tuple[str, ...]) -> None:
+def _import(modules: tuple[str, ...]) -> dict[str, str]:
+    """Import ``modules``; returns this worker's :func:`pipeline.environment.environment`."""
+    from pipeline.environment import environment
+
     for name in modules:
         importlib.import_module(name)
     cheap_cuda_check()  # after Lightning's import, which sets the slow check
+    return environment()
+
+
+def _warn_if_other(here: dict[str, str], worker: str):
+    """A done-callback for a warm-up future: one warning line when that worker's environment differs from ours
+    (its runs may then not reproduce bit for bit in this process, nor on another worker)."""
+    from pipeline.environment import differences
+
+    def check(future) -> None:
+        if future.status == "finished" and (diff := differences(here, future.result())):
+            print(f"warning: worker {worker} computes in another environment than this process "
+                  f"({'; '.join(diff)}): its runs may not reproduce bit for bit elsewhere", flush=True)
+    return check
 
 
 @contextmanager
@@ -146,8 +162,14 @@ def worker_pool(workers: int, scheduler: str | None = None, warm: tuple[str, ...
     with dask_client(workers, address) as client:
         # before any run on its worker (the highest priority); the futures are held while the pool is open, since
         # Dask forgets a task whose future is dropped
-        warming = [client.submit(_import, warm, workers=[w], pure=False, priority=2**31)
-                   for w in client.scheduler_info()["workers"]] if warm else []
+        warming = {w: client.submit(_import, warm, workers=[w], pure=False, priority=2**31)
+                   for w in client.scheduler_info()["workers"]} if warm else {}
+        if warming:
+            from pipeline.environment import environment
+
+            here = environment()
+            for w, future in warming.items():
+                future.add_done_callback(_warn_if_other(here, w))
         try:
             yield client
         finally:

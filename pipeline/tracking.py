@@ -185,8 +185,12 @@ def dvc_experiment() -> dict[str, str]:
 
 
 def run_tags(stage: str) -> dict[str, str]:
-    """Tags every run of this process carries: the stage, the commit, and the DVC experiment if any."""
-    return {"stage": stage, "git_commit": git_commit(), **dvc_experiment()}
+    """Tags every run of this process carries: the stage, the commit, the DVC experiment if any, and the
+    environment the numbers also depend on (``env.*``: versions, CPU, kernel dispatch; pipeline.environment)."""
+    from pipeline.environment import environment
+
+    env = {f"env.{key}": value for key, value in environment().items()}
+    return {"stage": stage, "git_commit": git_commit(), **dvc_experiment(), **env}
 
 
 def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import cloudpickle
@@ -96,6 +97,26 @@ def test_pool_started_first_imports_on_every_worker_and_matches_in_process(monke
         assert all(torch.equal(local[s][k], remote[s][k]) for k in local[s]), s
     with executor.worker_pool(1, warm=("tabnanny",)) as pool:
         assert pool is None  # one worker and no address: runs stay in this process
+
+
+@pytest.mark.slow  # starts a local Dask cluster (worker processes)
+def test_a_worker_in_another_environment_is_named_in_one_warning(capsys):
+    import dask
+
+    with executor.worker_pool(2, warm=("tabnanny",)) as pool:  # workers as this process: no warning
+        dict(map_runs(fit_tiny, [0, 1], workers=2, pool=pool))
+    assert "warning" not in capsys.readouterr().out
+    # the workers' nannies set a variable that picks MKL's kernels: their runs may round otherwise
+    with dask.config.set({"distributed.nanny.environ.MKL_CBWR": "COMPATIBLE"}), \
+            executor.worker_pool(2, warm=("tabnanny",)) as pool:
+        workers = list(pool.scheduler_info()["workers"])
+        out, deadline = "", time.monotonic() + 60
+        while out.count("warning") < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)  # the warm-up's done-callback prints from Dask's thread
+            out += capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("warning")]
+    assert sorted(line.split()[2] for line in lines) == sorted(workers), lines
+    assert all("MKL_CBWR: unset here, COMPATIBLE there" in line for line in lines), lines
 
 
 @pytest.mark.slow  # starts a local Dask cluster (worker processes)

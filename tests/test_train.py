@@ -111,6 +111,9 @@ def test_run_is_tracked_with_budget_slices_and_curves(runs):
     assert len(lr) >= 3 and len({p.step for p in lr}) == len(lr)  # a per-step curve, not one value
     parent = c.get_run(rec.data.tags["mlflow.parentRunId"])
     assert parent.info.run_name == "train" and parent.info.status == "FINISHED"
+    for run in (rec, parent):  # what the numbers depend on besides code, params and data
+        assert run.data.tags["env.torch"] == torch.__version__
+        assert run.data.tags["env.cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     exp = c.get_experiment(rec.info.experiment_id)
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
 
