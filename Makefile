@@ -5,12 +5,23 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: repro test test-fast lint bench mlflow-ui
+.PHONY: repro test test-fast lint bench mlflow-ui lock
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+# After a dependency change in pyproject.toml: install what it asks for (keeping what still satisfies it) and pin
+# the result in constraints.txt, which every install then uses (numbers are bit-identical only on the same
+# libraries: pipeline/environment.py).
+lock:
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet -e '.[dev]'
+	{ echo "# pip constraints written by \`make lock\`: every package at the version the tests last passed with. Every"; \
+	  echo "# install (the Makefile's) uses them, so a fresh clone computes with the same libraries. Pins only."; \
+	  $(BIN)/pip freeze --exclude-editable; } > constraints.txt
 	touch $(STAMP)
 
 repro: $(STAMP)

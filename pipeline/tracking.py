@@ -163,13 +163,13 @@ def _git(*args: str) -> str:
     return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
 
 
-DECIDING = ("pipeline", "params.yaml", "dvc.yaml", "pyproject.toml")
+DECIDING = ("pipeline", "params.yaml", "dvc.yaml", "pyproject.toml", "constraints.txt")
 
 
 def git_commit() -> str:
     """The checked-out commit, ``+dirty`` when what decides results (the code, params.yaml, dvc.yaml,
-    pyproject.toml) differs from it, or ``unknown`` outside git. Outputs a repro rewrites (dvc.lock, reports/)
-    do not count: a fresh clone's ``dvc repro`` reports the commit it ran."""
+    pyproject.toml, the pinned versions in constraints.txt) differs from it, or ``unknown`` outside git. Outputs
+    a repro rewrites (dvc.lock, reports/) do not count: a fresh clone's ``dvc repro`` reports the commit it ran."""
     try:
         sha = _git("rev-parse", "HEAD")
         dirty = _git("status", "--porcelain", "--untracked-files=no", "--", *DECIDING)

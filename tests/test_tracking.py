@@ -99,7 +99,7 @@ def test_git_commit_is_dirty_only_when_what_decides_results_changed(tmp_path, mo
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
                        capture_output=True)
 
-    for rel in ("pipeline/x.py", "params.yaml", "dvc.lock", "reports/README.md"):
+    for rel in ("pipeline/x.py", "params.yaml", "constraints.txt", "dvc.lock", "reports/README.md"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("a\n")
     git("init", "-q")
@@ -110,5 +110,7 @@ def test_git_commit_is_dirty_only_when_what_decides_results_changed(tmp_path, mo
     (tmp_path / "dvc.lock").write_text("b\n")  # a repro rewrites its outputs: still the commit it ran
     (tmp_path / "reports/README.md").write_text("b\n")
     assert git_commit() == sha and "+" not in sha
-    (tmp_path / "params.yaml").write_text("b\n")
-    assert git_commit() == f"{sha}+dirty"
+    for rel in ("params.yaml", "constraints.txt"):  # each alone decides results
+        git("checkout", "-q", "--", ".")
+        (tmp_path / rel).write_text("b\n")
+        assert git_commit() == f"{sha}+dirty", rel
