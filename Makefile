@@ -1,5 +1,5 @@
 # Two entry points (README quick start): `make repro` runs the pipeline, `make test` runs the tests.
-# Both create .venv and install the project the first time (and again when pyproject.toml changes).
+# Both create .venv and install the project the first time (and again when pyproject.toml or constraints.txt changes).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -19,8 +19,9 @@ $(STAMP): pyproject.toml constraints.txt
 lock:
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet -e '.[dev]'
-	{ echo "# pip constraints written by \`make lock\`: every package at the version the tests last passed with. Every"; \
-	  echo "# install (the Makefile's) uses them, so a fresh clone computes with the same libraries. Pins only."; \
+	{ echo "# pip constraints written by \`make lock\`: every package at the version installed then (run \`make test\`"; \
+	  echo "# before committing it). Every install (the Makefile's) uses them, so a fresh clone computes with the same"; \
+	  echo "# libraries. Pins only: it installs nothing by itself."; \
 	  $(BIN)/pip freeze --exclude-editable; } > constraints.txt
 	touch $(STAMP)
 

@@ -33,6 +33,7 @@ import pandas as pd
 
 from pipeline.config import Params, load_params, parse_params
 from pipeline.environment import KERNEL_VARIABLES
+from pipeline.executor import ADDRESS_ENV
 from pipeline.grid import Folders, RunKey, specs_for
 from pipeline.io import write_text
 
@@ -55,9 +56,17 @@ def keys(params: Params, archs: list[str], task: str, seeds: list[int], data_see
 
 
 def scratch_params(params: Params, store: Path) -> Params:
+    """``params`` on a scratch MLflow store, with runs on a local pool (whose workers inherit the setting)."""
     raw = params.model_dump(mode="json")
     raw["tracking"]["tracking_uri"] = f"sqlite:///{store}"
+    raw["train"]["runtime"]["scheduler"] = None
     return parse_params(raw)
+
+
+def child_env(base: dict[str, str], setting: str) -> dict[str, str]:
+    """``base`` with exactly the setting's kernel variables, and no outside cluster (whose workers would not see
+    them)."""
+    return {k: v for k, v in base.items() if k not in (*KERNEL_VARIABLES, ADDRESS_ENV)} | SETTINGS[setting]
 
 
 def child(args: argparse.Namespace) -> int:
@@ -76,7 +85,7 @@ def child(args: argparse.Namespace) -> int:
 def train_setting(index: int, name: str, seeds: list[int], args, scratch: Path) -> Path:
     """Train one setting's runs in a fresh process whose kernel variables are exactly the setting's."""
     folder = scratch / f"setting{index}"
-    env = {k: v for k, v in os.environ.items() if k not in KERNEL_VARIABLES} | SETTINGS[name]
+    env = child_env(dict(os.environ), name)
     print(f"== {name}: {len(args.archs) * len(seeds)} runs", flush=True)
     subprocess.run([sys.executable, "-m", "bench.kernels", "--child", "--scratch", str(folder),
                     "--params", str(args.params), "--data", str(args.data), "--slices", str(args.slices),
@@ -107,14 +116,21 @@ def compare(runs: dict[tuple[str, str, int], dict], seed0: int) -> pd.DataFrame:
 
 
 def committed(accuracy_csv: Path, params: Params, key: RunKey) -> float | None:
-    """The committed study's test accuracy for ``key`` where the study ran exactly that run: a one-run cell of
-    its ``draws`` grid at ``key``'s seed."""
-    draws = params.train.grids.get("draws")
-    if not accuracy_csv.exists() or draws is None or (draws.seeds or params.train.seeds) != [key.seed]:
+    """The committed study's test accuracy for ``key`` where the study ran exactly that run: ``key`` lies in its
+    ``draws`` grid (one seed, so its cell is one run)."""
+    draws, t, r = params.train.grids.get("draws"), params.train, params.train.recipe
+    if not accuracy_csv.exists() or draws is None:
         return None
-    t = pd.read_csv(accuracy_csv)
-    hit = t[(t.task == key.task) & (t.arch == key.arch) & (t.train_size == key.train_size) & (t.steps == key.steps)
-            & (t.budget_mode == key.budget_mode) & (t.data_seed == key.data_seed) & (t.n == 1)]
+    inside = (key.arch in (draws.archs or list(t.archs)) and key.task in (draws.tasks or t.archs[key.arch].tasks)
+              and key.data_seed in (draws.data_seeds or [0]) and (draws.seeds or t.seeds) == [key.seed]
+              and key.train_size in (draws.sizes or [t.size]) and key.steps in (draws.steps or [r.steps])
+              and key.budget_mode == (draws.budget_mode or r.budget_mode))
+    if not inside:
+        return None
+    table = pd.read_csv(accuracy_csv)
+    hit = table[(table.task == key.task) & (table.arch == key.arch) & (table.train_size == key.train_size)
+                & (table.steps == key.steps) & (table.budget_mode == key.budget_mode)
+                & (table.data_seed == key.data_seed) & (table.n == 1)]
     return float(hit["mean"].iloc[0]) if len(hit) == 1 else None
 
 
@@ -165,7 +181,8 @@ def markdown(table: pd.DataFrame, environments: dict[str, dict], params: Params,
         f"{env['timm']}, lightning {env['lightning']}, numpy {env['numpy']}, Python {env['python']}.",
         "",
         shown[["arch", "kernels", "seed", "cpu_capability", "test_acc", "val_acc", "delta_test_acc",
-               "predictions_differ", "max_logit_diff", "logits_identical"]].to_markdown(index=False),
+               "predictions_differ", "max_logit_diff", "logits_identical"]].to_markdown(index=False,
+                                                                                        disable_numparse=True),
         "",
         *summary(table, seed0),
         "",

@@ -2,9 +2,9 @@
 
 Training here is chaotic in float rounding: the same run, on a CPU where torch or MKL picks kernels that sum in
 another order (another SIMD width, another MKL code path), ends at other weights and another test accuracy
-(``python -m bench.kernels`` measures how far: about as far as another seed). Results are bit-identical only
-where all of this is equal, so every MLflow run carries it as ``env.*`` tags, and the executor warns when a
-worker's differs from the stage process's.
+(``python -m bench.kernels`` measures how far: a third to a half of what another seed does). Results are
+bit-identical only where all of this is equal, so every MLflow run carries the stage process's as ``env.*``
+tags, and the executor warns when a worker's differs from it.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from pipeline.environment import differences, environment
 from pipeline.errors import StageError
 
 LOOPBACK = "127.0.0.1"
@@ -123,7 +124,11 @@ def dask_client(workers: int, scheduler: str | None = None):
             LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host=LOOPBACK,
                          # a worker's heartbeat racing the scheduler's shutdown logs an ERROR with a traceback;
                          # real failures reach the stage as RunFailed (one line, the traceback in a log file)
-                         dashboard_address=None, memory_limit=0, silence_logs=logging.CRITICAL) as cluster, \
+                         dashboard_address=None, memory_limit=0, silence_logs=logging.CRITICAL,
+                         # without a dashboard the scheduler still serves its health routes over HTTP, on 8787 by
+                         # default; a second pool at once (dvc queue --jobs 2) then falls back to another port with a
+                         # "Port 8787 is already in use" warning. A free loopback port from the start warns nobody
+                         scheduler_kwargs={"dashboard_address": f"{LOOPBACK}:0"}) as cluster, \
             Client(cluster) as client:
         client.register_plugin(_freeze_at_close(), name="freeze-at-close")
         yield client
@@ -131,8 +136,6 @@ def dask_client(workers: int, scheduler: str | None = None):
 
 def _import(modules: tuple[str, ...]) -> dict[str, str]:
     """Import ``modules``; returns this worker's :func:`pipeline.environment.environment`."""
-    from pipeline.environment import environment
-
     for name in modules:
         importlib.import_module(name)
     cheap_cuda_check()  # after Lightning's import, which sets the slow check
@@ -142,10 +145,12 @@ def _import(modules: tuple[str, ...]) -> dict[str, str]:
 def _warn_if_other(here: dict[str, str], worker: str):
     """A done-callback for a warm-up future: one warning line when that worker's environment differs from ours
     (its runs may then not reproduce bit for bit in this process, nor on another worker)."""
-    from pipeline.environment import differences
-
     def check(future) -> None:
-        if future.status == "finished" and (diff := differences(here, future.result())):
+        try:
+            there = future.result() if future.status == "finished" else None
+        except Exception:  # noqa: BLE001 - the pool closed meanwhile: nothing left to warn about
+            there = None
+        if there is not None and (diff := differences(here, there)):
             print(f"warning: worker {worker} computes in another environment than this process "
                   f"({'; '.join(diff)}): its runs may not reproduce bit for bit elsewhere", flush=True)
     return check
@@ -165,8 +170,6 @@ def worker_pool(workers: int, scheduler: str | None = None, warm: tuple[str, ...
         warming = {w: client.submit(_import, warm, workers=[w], pure=False, priority=2**31)
                    for w in client.scheduler_info()["workers"]} if warm else {}
         if warming:
-            from pipeline.environment import environment
-
             here = environment()
             for w, future in warming.items():
                 future.add_done_callback(_warn_if_other(here, w))

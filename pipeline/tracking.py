@@ -33,6 +33,7 @@ from typing import Any
 from filelock import FileLock
 
 from pipeline.config import Params
+from pipeline.environment import environment
 from pipeline.errors import ConfigError, StageError
 
 STORE_NAME = "mlflow.db"
@@ -186,9 +187,9 @@ def dvc_experiment() -> dict[str, str]:
 
 def run_tags(stage: str) -> dict[str, str]:
     """Tags every run of this process carries: the stage, the commit, the DVC experiment if any, and the
-    environment the numbers also depend on (``env.*``: versions, CPU, kernel dispatch; pipeline.environment)."""
-    from pipeline.environment import environment
-
+    environment the numbers also depend on (``env.*``: versions, CPU, kernel dispatch; pipeline.environment). That
+    is this process's: on one machine the workers' too; a cluster's workers are checked against it by the executor,
+    which warns where one differs."""
     env = {f"env.{key}": value for key, value in environment().items()}
     return {"stage": stage, "git_commit": git_commit(), **dvc_experiment(), **env}
 

@@ -6,8 +6,9 @@ import numpy as np
 import pandas as pd
 import tiny_repo
 
-from bench.kernels import CONTROL, DEFAULT, committed, compare, keys, summary
+from bench.kernels import CONTROL, DEFAULT, child_env, committed, compare, keys, summary
 from pipeline.config import load_params
+from pipeline.executor import ADDRESS_ENV
 
 
 def run(acc: float, logits: list[list[float]]) -> dict:
@@ -40,4 +41,13 @@ def test_the_committed_number_is_the_draws_cell_at_its_seed_only(tmp_path):
     assert committed(csv, params, key) == 0.3695
     other_seed = keys(params, ["vit"], "alignment", [1], data_seed=1)[0]  # the study has no such run
     assert committed(csv, params, other_seed) is None
+    main_grid = keys(params, ["vit"], "alignment", [0], data_seed=0)[0]  # a 5-seed cell, not this run
+    pd.DataFrame([{**row, "data_seed": 0}]).to_csv(csv, index=False)  # even were it listed as one run
+    assert committed(csv, params, main_grid) is None
     assert committed(tmp_path / "missing.csv", params, key) is None
+
+
+def test_a_setting_process_gets_exactly_its_kernel_variables_and_no_outside_cluster():
+    base = {"PATH": "/bin", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2", ADDRESS_ENV: "tcp://10.0.0.1:8786"}
+    assert child_env(base, DEFAULT) == {"PATH": "/bin"}  # the user's own kernel choice is not this machine's default
+    assert child_env(base, "MKL_CBWR=COMPATIBLE") == {"PATH": "/bin", "MKL_CBWR": "COMPATIBLE"}

@@ -82,7 +82,7 @@ def test_runs_skip_lightnings_nvml_probe_without_a_gpu(monkeypatch):
 
 
 @pytest.mark.slow  # starts a local Dask cluster (worker processes)
-def test_pool_started_first_imports_on_every_worker_and_matches_in_process(monkeypatch):
+def test_pool_started_first_imports_on_every_worker_and_matches_in_process(monkeypatch, capsys):
     seeds = [0, 1, 2]
     local = dict(map_runs(fit_tiny, seeds, workers=1))
     monkeypatch.setenv(executor.NVML_CHECK, "1")  # workers inherit it, as after the stage process imports Lightning
@@ -91,8 +91,10 @@ def test_pool_started_first_imports_on_every_worker_and_matches_in_process(monke
         assert not imported("tabnanny") and len(workers) == 2  # a module nothing else imports
         if torch.cuda.device_count() == 0:  # the warm-up imports (before any run) turned the slow check off
             assert all(pool.submit(nvml_check, workers=[w], pure=False).result() == "0" for w in workers)
-        remote = dict(map_runs(fit_tiny, seeds, workers=2, pool=pool))
+        remote = dict(map_runs(fit_tiny, seeds, workers=2, pool=pool))  # after the warm-ups (top priority)
         assert all(pool.submit(imported, "tabnanny", workers=[w], pure=False).result() for w in workers)
+    time.sleep(1)  # the warm-ups' done-callbacks run on Dask's callback thread
+    assert "warning" not in capsys.readouterr().out  # workers in this process's environment
     for s in seeds:
         assert all(torch.equal(local[s][k], remote[s][k]) for k in local[s]), s
     with executor.worker_pool(1, warm=("tabnanny",)) as pool:
@@ -102,10 +104,9 @@ def test_pool_started_first_imports_on_every_worker_and_matches_in_process(monke
 @pytest.mark.slow  # starts a local Dask cluster (worker processes)
 def test_a_worker_in_another_environment_is_named_in_one_warning(capsys):
     import dask
+    import distributed  # noqa: F401 - registers its config defaults first: a dask.config.set that created the
+    # "distributed" section would delete it on exit, defaults included, for every later test in this process
 
-    with executor.worker_pool(2, warm=("tabnanny",)) as pool:  # workers as this process: no warning
-        dict(map_runs(fit_tiny, [0, 1], workers=2, pool=pool))
-    assert "warning" not in capsys.readouterr().out
     # the workers' nannies set a variable that picks MKL's kernels: their runs may round otherwise
     with dask.config.set({"distributed.nanny.environ.MKL_CBWR": "COMPATIBLE"}), \
             executor.worker_pool(2, warm=("tabnanny",)) as pool:
@@ -147,6 +148,12 @@ def worker_env() -> dict[str, str]:
     return dict(os.environ)
 
 
+def http_addresses(dask_scheduler) -> list[tuple]:
+    """Where the scheduler's HTTP server (health and metrics routes, even without a dashboard) listens: every
+    socket, IPv6 too (tornado's private map; distributed's own helper lists IPv4 only)."""
+    return [sock.getsockname() for sock in dask_scheduler.http_server._sockets.values()]
+
+
 @pytest.mark.slow  # starts a local Dask cluster (worker processes)
 def test_local_cluster_binds_loopback_only(monkeypatch):
     monkeypatch.delenv(executor.ADDRESS_ENV, raising=False)
@@ -158,6 +165,8 @@ def test_local_cluster_binds_loopback_only(monkeypatch):
         assert len(info["workers"]) == 2
         assert all(a.startswith(f"tcp://{executor.LOOPBACK}:") for a in addresses), addresses
         assert client.cluster.dashboard_link is None or "127.0.0.1" in client.cluster.dashboard_link
+        http = client.run_on_scheduler(http_addresses)
+        assert http and all(host == executor.LOOPBACK and port != 8787 for host, port, *_ in http), http
         # Dask's default MALLOC_TRIM_THRESHOLD_ doubles a training step's time (bench.overheads): not set here
         env = client.submit(worker_env, pure=False).result()
         assert "MALLOC_TRIM_THRESHOLD_" not in env and env["OMP_NUM_THREADS"] == "1"
