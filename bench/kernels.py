@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.config import Params, load_params, parse_params
-from pipeline.environment import KERNEL_VARIABLES
+from pipeline.environment import KERNEL_VARIABLES, environment
 from pipeline.executor import ADDRESS_ENV
 from pipeline.grid import Folders, RunKey, specs_for
 from pipeline.io import write_text
@@ -71,7 +71,6 @@ def child_env(base: dict[str, str], setting: str) -> dict[str, str]:
 
 def child(args: argparse.Namespace) -> int:
     """One setting's runs, in this process's kernel environment (set by the parent)."""
-    from pipeline.environment import environment
     from pipeline.experiment import execute
 
     at = Folders(args.data, args.slices, args.scratch / "runs", args.scratch / "ckpt")
@@ -189,8 +188,9 @@ def markdown(table: pd.DataFrame, environments: dict[str, dict], params: Params,
         *(["The committed study ran on another machine. Its number for the same run:", "", *ref_lines, ""]
           if ref_lines else []),
         "What follows for a reader: numbers are bit-identical only on the same kernels and versions (every "
-        "MLflow run carries them as `env.*` tags, `pipeline/environment.py`). Across machines, compare seed "
-        "means and their intervals, which the report gives, not single runs.",
+        "MLflow run carries the stage process's as `env.*` tags, `pipeline/environment.py`, and the executor "
+        "warns about a worker whose differ). Across machines, compare seed means and their intervals, which the "
+        "report gives, not single runs.",
         "",
     ])
 
