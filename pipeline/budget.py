@@ -274,8 +274,9 @@ def count_budget(model: nn.Module, params: Params, steps: int, teacher: dict | N
 
 
 def optimizer_steps(model: nn.Module, params: Params, num_classes: int, budget_mode: str, steps: int) -> int:
-    """``steps`` for every arch, or (flops) as many as the reference arch's FLOPs at ``steps`` buy."""
-    if budget_mode == "steps":
+    """``steps`` for every arch (criterion: the cap), or (flops) as many as the reference arch's FLOPs at
+    ``steps`` buy."""
+    if budget_mode in ("steps", "criterion"):
         return steps
     r = params.train.recipe
     ref = build_model(r.flops_reference_arch, params, num_classes)

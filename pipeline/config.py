@@ -142,7 +142,7 @@ class Models(Section):
 
 
 # --------------------------------------------------------------------------- training
-BudgetMode = Literal["steps", "flops"]
+BudgetMode = Literal["steps", "flops", "criterion"]
 
 
 def arch_section(arch: str) -> str | None:
@@ -173,8 +173,8 @@ class Grid(Section):
 class Recipe(Section):
     """One recipe for every architecture: tuning effort is matched by construction (the same knobs for all)."""
 
-    budget_mode: BudgetMode  # equal optimizer steps+data, or equal training FLOPs
-    steps: PosInt  # optimizer steps (budget_mode=steps), or the reference arch's steps (flops)
+    budget_mode: BudgetMode  # equal optimizer steps+data, equal training FLOPs, or to a criterion (train.criterion)
+    steps: PosInt  # optimizer steps (steps), the reference arch's steps (flops), or the cap (criterion)
     flops_reference_arch: str  # budget_mode=flops: every arch spends this arch's training FLOPs
     batch_size: PosInt
     lr: PosFloat
@@ -210,6 +210,17 @@ class Runtime(Section):
     eval_batch_size: PosInt
 
 
+class StopRule(Section):
+    """``budget_mode: criterion``: a run stops when it has learned (``accuracy`` held ``hold`` validations), or
+    when it stopped learning (plateau), or at ``recipe.steps`` (the cap): pipeline.learner.Criterion."""
+
+    accuracy: Fraction  # in-distribution validation accuracy that counts as learned
+    hold: PosInt  # ... at this many consecutive validations
+    patience: PosInt  # plateau: validations without a rise of min_delta in the best accuracy
+    min_delta: Annotated[float, Field(ge=0)]
+    min_steps: NonNegInt  # no plateau stop before this step
+
+
 class Train(Section):
     """The main grid (each arch on its tasks x seeds at one size), extra grids, the recipe, the runtime."""
 
@@ -218,6 +229,7 @@ class Train(Section):
     archs: dict[str, ArchEntry]
     grids: dict[str, Grid]
     recipe: Recipe
+    criterion: StopRule
     runtime: Runtime
 
     @model_validator(mode="after")

@@ -243,7 +243,7 @@ def fit(job: Job) -> dict:
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from pipeline.learner import ArrayData, Classifier, Curves, PhaseTimer, quiet_lightning
+    from pipeline.learner import ArrayData, Classifier, Criterion, Curves, PhaseTimer, quiet_lightning
     from pipeline.models import build_model
 
     quiet_lightning()
@@ -269,7 +269,11 @@ def fit(job: Job) -> dict:
                            every_n_train_steps=rt.checkpoint_every_steps, enable_version_counter=False)
     curves = Curves(spec.name, steps, rt.log_every_steps, rt.checkpoint_every_steps, spec.ckpt_dir / "last.ckpt")
     timer = PhaseTimer()
-    trainer = _trainer(job, steps, [timer, ckpt, curves])
+    c = params.train.criterion
+    stop = (Criterion(c.accuracy, c.hold, c.patience, c.min_delta, c.min_steps)
+            if spec.key.budget_mode == "criterion" else None)
+    # the stop rule before the curves: its state is in the checkpoint Curves saves after a validation
+    trainer = _trainer(job, steps, [timer, *([stop] if stop else []), ckpt, curves])
     start = int(torch.load(job.resume_from, weights_only=True)["global_step"]) if job.resume_from else 0
     t0 = time.perf_counter()
     try:
@@ -278,6 +282,7 @@ def fit(job: Job) -> dict:
         raise _diverged(err, params) from None
     wall = time.perf_counter() - t0
     val = trainer.callback_metrics.get("val/acc")
+    done = trainer.global_step  # criterion runs may stop before `steps`, the cap
     measured = {"wall_time_s": wall, "resumed": job.resume_from is not None,
                 "steps_this_process": trainer.global_step - start,
                 "images_per_s": (trainer.global_step - start) * recipe.batch_size / wall if wall > 0 else 0.0,
@@ -292,7 +297,9 @@ def fit(job: Job) -> dict:
     measured.update(evaluate_s=time.perf_counter() - t_eval, run_s=time.perf_counter() - t_run)
     return {"evaluation": evaluation,
             "val_acc": float(val) if val is not None else None, "curve": curves.rows, "series": curves.series,
-            "budget": budget.count_budget(model, params, steps, record), "measured": measured,
+            "budget": budget.count_budget(model, params, done, record), "measured": measured,
+            "steps_done": done, "criterion_step": stop.reached_step if stop else None,
+            "stop_reason": stop.stop_reason if stop else "cap",
             "provenance": {**data_provenance(manifest, train_idx), "teacher": record},
             "num_classes": split.num_classes, "state_dict": {k: v.detach().cpu() for k, v in
                                                               model.state_dict().items()}}
@@ -349,6 +356,8 @@ def compose(job: Job, result: dict, run_id: str) -> dict:
     metrics = {
         "task": k.task, "arch": k.arch, "model": spec.model, "teacher": spec.teacher, "seed": k.seed,
         "data_seed": k.data_seed, "train_size": k.train_size, "steps": k.steps, "budget_mode": k.budget_mode,
+        "steps_done": result["steps_done"], "criterion_step": result["criterion_step"],
+        "stop_reason": result["stop_reason"],
         "num_classes": result["num_classes"], "test_acc": ev["slices"]["test"]["acc"], "val_acc": result["val_acc"],
         "shift_consistency": ev["shift_consistency"], "slices": ev["slices"], "curve": result["curve"],
         "budget": result["budget"], "measured": result["measured"], "identity": job.identity,
@@ -370,6 +379,8 @@ def _headline(metrics: dict) -> dict:
     out = {"test_acc": metrics["test_acc"], "val_acc": metrics["val_acc"],
            "shift_consistency": metrics["shift_consistency"], "params": b["params"],
            "train_flops": b["train_flops"], "optimizer_steps": b["optimizer_steps"]}
+    if metrics.get("criterion_step") is not None:  # steps to criterion: the learnability table's number
+        out["criterion_step"] = metrics["criterion_step"]
     out.update({k: v["acc"] for k, v in metrics["slices"].items() if k != "test"})  # "slice/<factor>=<v>"
     out.update({f"budget/{k}": v for k, v in b.items() if isinstance(v, (int, float))})
     m = metrics["measured"]

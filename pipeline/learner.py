@@ -240,6 +240,54 @@ class Curves(L.Callback):
         self.rows, self.series = list(state_dict["rows"]), list(state_dict.get("series", []))
 
 
+class Criterion(L.Callback):
+    """Training to a criterion (``budget_mode: criterion``): stop once the run has learned, or stopped learning.
+
+    Learned: in-distribution validation accuracy >= ``accuracy`` at ``hold`` consecutive validations (one lucky
+    validation does not end a run). Plateau: from ``min_steps`` on, stop when the best validation accuracy has
+    not risen by ``min_delta`` for ``patience`` validations. Otherwise the trainer's ``max_steps`` (the cap) ends
+    it. Lightning's ``EarlyStopping`` has a threshold and a patience but no hold count, no start step for its
+    patience and no record of which rule fired, which the learnability table reports; so one small callback.
+    Its state rides in every checkpoint: a resumed run stops where an uninterrupted one would.
+    """
+
+    def __init__(self, accuracy: float, hold: int, patience: int, min_delta: float, min_steps: int):
+        self.accuracy, self.hold, self.patience = accuracy, hold, patience
+        self.min_delta, self.min_steps = min_delta, min_steps
+        self.accs: list[float] = []  # validation accuracy at each validation so far
+        self.best, self.best_at = -math.inf, 0  # best accuracy and the validation count when it was set
+        self.reached_step: int | None = None  # the step at which the criterion was first held
+        self.stop_reason = "cap"
+
+    def on_validation_end(self, trainer, pl_module):
+        if trainer.sanity_checking or "val/acc" not in trainer.callback_metrics:
+            return
+        acc = float(trainer.callback_metrics["val/acc"])
+        self.accs.append(acc)
+        if acc >= self.best + self.min_delta:
+            self.best, self.best_at = acc, len(self.accs)
+        if len(self.accs) >= self.hold and min(self.accs[-self.hold:]) >= self.accuracy:
+            self.reached_step, self.stop_reason = trainer.global_step, "criterion"
+        elif trainer.global_step >= self.min_steps and len(self.accs) - self.best_at >= self.patience:
+            self.stop_reason = "plateau"
+        else:
+            return
+        trainer.should_stop = True
+
+    @property
+    def state_key(self) -> str:
+        return "Criterion"
+
+    def state_dict(self) -> dict:
+        return {"accs": self.accs, "best": self.best, "best_at": self.best_at, "reached_step": self.reached_step,
+                "stop_reason": self.stop_reason}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.accs = list(state_dict["accs"])
+        self.best, self.best_at = float(state_dict["best"]), int(state_dict["best_at"])
+        self.reached_step, self.stop_reason = state_dict["reached_step"], state_dict["stop_reason"]
+
+
 def _lr(trainer) -> float:
     return float(trainer.optimizers[0].param_groups[0]["lr"])
 

@@ -53,6 +53,9 @@ def run_params(params, spec) -> dict:
         "train": {"recipe": True, "runtime": runtime}})
     if at_main_budget(spec, params):  # only main-grid runs get the subgroup and resolution evaluations
         out["evaluation"] = params.model_dump(mode="json", include={"evaluation"})["evaluation"]
+    if spec.key.budget_mode == "criterion":  # the stop rule decides how long it trains
+        out["train"]["criterion"] = params.model_dump(mode="json", include={"train": {"criterion"}})["train"][
+            "criterion"]
     if spec.teacher is not None:
         out["distill"] = params.model_dump(mode="json", include={"distill": {"soft", "tau"}})["distill"]
     if spec.kind == "teacher":

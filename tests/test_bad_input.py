@@ -310,8 +310,8 @@ def marked(cases: list[Case]) -> list:
 def plant_results(ws: Path) -> None:
     """A finished result in every stage's output folder, which a failing stage must leave alone."""
     src = ws / TEACHER
-    for dest in ("data/runs/resnet/alignment/n128-t20-s0-d0", "data/runs/deit/alignment/n128-t20-s0-d0",
-                 "data/interface",
+    for dest in ("data/runs/resnet/alignment/n128-t20-s0-d0-criterion",
+                 "data/runs/deit/alignment/n128-t20-s0-d0-criterion", "data/interface",
                  "reports/budget", "reports/interface"):
         shutil.copytree(src, ws / dest, dirs_exist_ok=True)
 
@@ -412,7 +412,7 @@ def test_prune_after_shrinking_tasks(copy_workspace, capsys):
     with mlflow_store(ws):
         code = train.main(argv("train", ws))
     assert code == 0, capsys.readouterr().err
-    assert not stale.exists() and (ws / "data/runs/resnet/alignment/n128-t20-s0-d0/metrics.json").exists()
+    assert not stale.exists() and (ws / "data/runs/resnet/alignment/n128-t20-s0-d0-criterion/metrics.json").exists()
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ def test_every_stage_ran_and_wrote_its_outputs(reproduced_repo):
             assert (repo / out["path"]).exists(), f"{name}: {out['path']} missing"
     metrics = sorted((repo / "data/runs").rglob("metrics.json"))
     assert {m.relative_to(repo / "data/runs").parts[0] for m in metrics} == {"vit", "resnet", "deit"}
-    student = json.loads((repo / "data/runs/deit/alignment/n128-t20-s0-d0/metrics.json").read_text())
+    student = json.loads((repo / "data/runs/deit/alignment/n128-t20-s0-d0-criterion/metrics.json").read_text())
     teacher = student["provenance"]["teacher"]  # the verified teacher the student was distilled from
     assert student["teacher"] == teacher["arch"] == "resnet" and teacher["checkpoint"] == "weights.pt"
     weights = (repo / "data/teachers/resnet/alignment/weights.pt").read_bytes()

@@ -29,7 +29,7 @@ OVERRIDES = {
               "runtime": {"checkpoint_every_steps": 20, "val_every_steps": 60}},
     "distill": {"teachers": {}, "students": {}},
 }
-RUN = Path("alignment/n128-t120-s0-d0")
+RUN = Path("alignment/n128-t120-s0-d0-criterion")
 
 
 def start(repo: Path, args: list[str]) -> subprocess.Popen:
@@ -107,7 +107,7 @@ def resumes_exactly(repo: Path) -> None:
 
 def killed_before_first_checkpoint(repo: Path) -> None:
     """No checkpoint to resume from: the rerun starts over and ends the dead MLflow run as KILLED."""
-    run = Path("vit/alignment/n128-t60-s0-d0")
+    run = Path("vit/alignment/n128-t60-s0-d0-criterion")
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["train"]["recipe"].update(steps=60, warmup_steps=5)
     params["train"]["runtime"]["checkpoint_every_steps"] = 100_000  # never reached: killed without a checkpoint

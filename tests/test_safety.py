@@ -84,4 +84,4 @@ def test_training_stage_runs_offline(copy_workspace, tmp_path):
            "--slices", str(ws / "data/slices"), "--out", str(ws / "out"), "--ckpt", str(ws / "ckpt")]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert (ws / "out/deit/alignment/n128-t20-s0-d0/metrics.json").exists()
+    assert (ws / "out/deit/alignment/n128-t20-s0-d0-criterion/metrics.json").exists()

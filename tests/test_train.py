@@ -31,7 +31,7 @@ from pipeline.models import build_model
 from pipeline.provenance import CODE, WEIGHTS, load_teacher
 
 torch.set_num_threads(1)
-KEY = RunKey("alignment", "vit", 0, 128, 20, "steps")
+KEY = RunKey("alignment", "vit", 0, 128, 20, "criterion")  # the main grid's budget mode
 
 
 def train(ws: Path, out: Path, params, kind: str = "train", key: RunKey = KEY, **teacher) -> dict:
@@ -100,7 +100,7 @@ def test_run_is_tracked_with_budget_slices_and_curves(runs):
     assert (folder(runs["out"]["a"]) / WEIGHTS).exists() and m["num_classes"] == 4
     c = client(runs)
     rec = c.get_run(m["mlflow_run_id"])
-    assert rec.info.status == "FINISHED" and rec.info.run_name == "train/vit/alignment/n128-t20-s0-d0"
+    assert rec.info.status == "FINISHED" and rec.info.run_name == "train/vit/alignment/n128-t20-s0-d0-criterion"
     assert rec.data.metrics["budget/train_flops"] == m["budget"]["train_flops"]
     assert rec.data.metrics["test_acc"] == m["test_acc"]
     assert rec.data.params["train.recipe.lr"] == str(runs["params"].train.recipe.lr)
@@ -319,6 +319,7 @@ def test_grids_extend_the_main_grid_once(workspace):
 
     raw = yaml.safe_load((workspace / "params.yaml").read_text())
     raw["train"]["seeds"] = [0, 1]
+    raw["train"]["recipe"]["budget_mode"] = "steps"  # a budget grid's steps 20 is then the main run itself
     raw["train"]["grids"] = {
         "again": {"archs": ["vit"]},  # the main grid itself: nothing new
         "budget": {"archs": ["vit"], "steps": [20, 40], "seeds": [0]},  # steps 20 at seed 0 is a main run
