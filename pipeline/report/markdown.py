@@ -133,7 +133,7 @@ def row_type(ledger: pd.DataFrame) -> pd.Series:
 
 def uninformative(ledger: pd.DataFrame) -> pd.Series:
     """Rows the ledger's gate set aside (verdict or flag); a frame without either reads every row informative."""
-    flag = ledger["uninformative"].fillna(False).astype(bool) if "uninformative" in ledger else False
+    flag = ledger["uninformative"].eq(True) if "uninformative" in ledger else False  # None, NaN: informative
     return (ledger["verdict"] == "uninformative") | flag
 
 
