@@ -11,6 +11,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from pipeline.report.sources import run_outcome, slice_acc
+
 CI_METHOD = ("hierarchical bootstrap (seeds, then test items; percentile); k of n seeds reaching the escape "
              "threshold with a Clopper-Pearson interval")
 
@@ -41,7 +43,8 @@ def runs_frame(records: list[dict]) -> pd.DataFrame:
     """metrics.json records (each with an added ``source`` and ``dir``) -> one row per run.
 
     Columns: source, task, arch, model, seed, train_size, num_classes, test_acc, val_acc, shift_consistency,
-    n_test, the budget counts, the measurements, teacher_arch, mlflow_run_id, dir.
+    n_test, id_acc, ood_acc, how the run ended (:func:`~pipeline.report.sources.run_outcome`), the budget counts,
+    the measurements, teacher_arch, mlflow_run_id, dir.
     """
     rows = []
     for m in records:
@@ -54,18 +57,26 @@ def runs_frame(records: list[dict]) -> pd.DataFrame:
             "test_acc": float(m["test_acc"]), "val_acc": m.get("val_acc"),
             "shift_consistency": m.get("shift_consistency"),
             "n_test": int(m.get("slices", {}).get("test", {}).get("n", 0)),
+            # in distribution: the task's `slice/id` where it has one, else the whole test split
+            "id_acc": _or(slice_acc(m, "slice/id"), float(m["test_acc"])), "ood_acc": slice_acc(m, "slice/ood"),
+            **run_outcome(m),
             **{k: b.get(k) for k in BUDGET_KEYS}, **{k: meas.get(k) for k in MEASURED_KEYS},
             "teacher_arch": _teacher_arch(m), "mlflow_run_id": m.get("mlflow_run_id"),
             "dir": m.get("dir"), "curve": m.get("curve"),
         })
     cols = ["source", "task", "arch", "model", "seed", "train_size", "num_classes", "steps", "data_seed",
             "budget_mode", "test_acc", "val_acc",
-            "shift_consistency", "n_test", *BUDGET_KEYS, *MEASURED_KEYS, "teacher_arch", "mlflow_run_id", "dir",
+            "shift_consistency", "n_test", "id_acc", "ood_acc", "steps_done", "criterion_step",
+            "criterion_recorded", "stop_reason", *BUDGET_KEYS, *MEASURED_KEYS, "teacher_arch", "mlflow_run_id", "dir",
             "curve"]
     df = pd.DataFrame(rows, columns=cols)
     for col in ("val_acc", "shift_consistency"):
         df[col] = pd.to_numeric(df[col], errors="coerce")
     return df
+
+
+def _or(value: float, default: float) -> float:
+    return default if value != value else value
 
 
 def slices_frame(records: list[dict]) -> pd.DataFrame:

@@ -6,11 +6,12 @@ Every table is rendered one way, :func:`md_table` (``DataFrame.to_markdown``).
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
 
 from pipeline.report.aggregate import CI_METHOD
-from pipeline.report.ledger import leads
+from pipeline.report.ledger import counts, leads
 
 MAX_FINDINGS = 5
 
@@ -100,31 +101,138 @@ def ledger_view(ledger: pd.DataFrame) -> pd.DataFrame:
                          "context": ledger["context"]})
 
 
+def _explained(path: Path) -> tuple[dict, ...]:
+    """``explained.csv``: ledger rows (id prefix) whose failure a finding's own explanation predicts, with why."""
+    return tuple(pd.read_csv(path, dtype=str, keep_default_na=False).to_dict("records"))
+
+
+EXPLAINED = _explained(Path(__file__).with_name("explained.csv"))
+ROW_TYPES = ("paired", "floor", "exact", "budget")
+FINDING_RULE = (
+    "How a finding is labelled (pipeline/report/markdown.py: `finding_status`). Only informative rows count "
+    "(verdict neither `uninformative` nor `not run`); its lead is the first pre-registered row of its group that "
+    "ran, never picked by outcome. In this order: 'undecided' when the lead is uninformative or underpowered; "
+    "'contradicted' when the lead failed, or when another informative row of the group failed and the finding "
+    "does not explain that failure (`pipeline/report/explained.csv` names the rows whose failure a finding's own "
+    "explanation predicts, with the reason); 'no effect' when the lead is equivalent; otherwise 'supported' (lead "
+    "held). An explained failure never counts as support. Each finding lists the rows that support it (held), "
+    "contradict it, the failures it explains, and how many of its rows were uninformative (reasons: the ledger).")
+
+
+def verdict_counts(ledger: pd.DataFrame) -> dict[str, int]:
+    """Rows per verdict: every verdict of :data:`ledger.VERDICTS` (zeros included), `uninformative` always."""
+    out = counts(ledger)
+    out.setdefault("uninformative", int((ledger["verdict"] == "uninformative").sum()) if len(ledger) else 0)
+    return out
+
+
+def row_type(ledger: pd.DataFrame) -> pd.Series:
+    """paired / floor / exact, and budget for the budget axis's paired rows (read apart: same arch twice)."""
+    return ledger["kind"].where(ledger["finding"] != "budget", "budget")
+
+
+def uninformative(ledger: pd.DataFrame) -> pd.Series:
+    """Rows the ledger's gate set aside (verdict or flag); a frame without either reads every row informative."""
+    flag = ledger["uninformative"].eq(True) if "uninformative" in ledger else False  # None, NaN: informative
+    return (ledger["verdict"] == "uninformative") | flag
+
+
+def informative(ledger: pd.DataFrame) -> pd.Series:
+    return ~uninformative(ledger) & (ledger["verdict"] != "not run")
+
+
+def row_counts(ledger: pd.DataFrame) -> dict[str, dict[str, int]]:
+    """Per row type: rows, informative, uninformative, decided (held / failed / equivalent), underpowered,
+    not run."""
+    if ledger.empty:
+        return {}
+    t = ledger.assign(type=row_type(ledger), is_info=informative(ledger), is_uninf=uninformative(ledger))
+    out = {}
+    for name in [*ROW_TYPES, *sorted(set(t["type"]) - set(ROW_TYPES))]:
+        g = t[t["type"] == name]
+        if len(g):
+            out[name] = {"rows": len(g), "informative": int(g.is_info.sum()), "uninformative": int(g.is_uninf.sum()),
+                         "decided": int((g.is_info & g.verdict.isin(["held", "failed", "equivalent"])).sum()),
+                         "underpowered": int((g.is_info & (g.verdict == "underpowered")).sum()),
+                         "not run": int((g.verdict == "not run").sum())}
+    return out
+
+
+def counts_text(rows: dict[str, dict[str, int]]) -> str:
+    """The README's per-row-type sentence: how many rows of each type were decided."""
+    parts = [f"{name}: {c['decided']} of {c['rows']} decided ({c['informative']} informative, of which "
+             f"{c['underpowered']} underpowered; {c['uninformative']} uninformative; {c['not run']} not run)"
+             for name, c in rows.items()]
+    return "Rows decided, by type: " + "; ".join(parts) + "." if parts else "No ledger rows."
+
+
+def explains(finding: str, row_id: str, explained: tuple[dict, ...] = EXPLAINED) -> str | None:
+    """Why ``finding`` predicts that row ``row_id`` fails (None when it does not)."""
+    for e in explained:
+        if e["finding"] == finding and (row_id == e["row"] or row_id.startswith(e["row"] + ".")):
+            return e["reason"]
+    return None
+
+
+def finding_status(name: str, group: pd.DataFrame, lead: pd.Series,
+                   explained: tuple[dict, ...] = EXPLAINED) -> dict:
+    """The label of one finding and the row ids behind it (the rule: :data:`FINDING_RULE`)."""
+    g = group.assign(is_info=informative(group), is_uninf=uninformative(group))
+    # the lead states the finding: its own outcome is never "explained" away
+    why = {r.id: None if r.id == lead["id"] else explains(name, r.id, explained) for r in g.itertuples()}
+    failed = g[g.is_info & (g.verdict == "failed")]
+    out = {"supports": [r.id for r in g[g.is_info & (g.verdict == "held")].itertuples() if why[r.id] is None],
+           "contradicts": [r.id for r in failed.itertuples() if why[r.id] is None],
+           "explained": {r.id: why[r.id] for r in failed.itertuples() if why[r.id] is not None},
+           "uninformative": [r.id for r in g[g.is_uninf].itertuples()]}
+    lead_uninf = bool(uninformative(lead.to_frame().T).iloc[0])
+    if lead.verdict == "not run":
+        label = "not run"
+    elif lead_uninf:
+        reason = lead.get("reason", "")
+        label = f"undecided (lead uninformative{': ' + reason if isinstance(reason, str) and reason else ''})"
+    elif lead.verdict == "underpowered":
+        label = f"undecided (underpowered: needs {lead.needs_seeds} seeds)"
+    elif lead.verdict == "failed" or out["contradicts"]:
+        label = "contradicted"
+    elif lead.verdict == "equivalent":
+        label = "no effect (equivalent)"
+    else:
+        label = "supported"
+    return {"label": label, **out}
+
+
+def _ids(ids) -> str:
+    return ", ".join(f"`{i}`" for i in ids) or "none"
+
+
 def findings(ledger: pd.DataFrame) -> list[str]:
-    """At most five findings, one per ledger ``finding`` group: its lead minimal pair with its difference and
-    CI, the shortcut floor and the group's rows; refuted when the lead failed or a control in the group
-    failed. Generated from the ledger only."""
+    """At most five findings, one per ledger ``finding`` group: its label (:func:`finding_status`), its lead
+    minimal pair with difference and CI (only when the lead is informative), the shortcut floor and the row ids
+    that support it, contradict it, or whose failure it explains. Generated from the ledger only."""
     out = []
     for name, g, lead in leads(ledger)[:MAX_FINDINGS]:
-        status = {"held": "supported", "failed": "refuted", "equivalent": "no effect (equivalent)",
-                  "underpowered": f"undecided (underpowered: needs {lead.needs_seeds} seeds)",
-                  "not run": "not run"}[lead.verdict]
+        st = finding_status(name, g, lead)
         pair = f"{lead.a} vs {lead.b or 'exact'}" if lead.kind != "floor" else f"{lead.a} vs shortcut floor"
-        diff = ci_text(lead.estimate, lead.ci_lo, lead.ci_hi, sign=lead.kind != "exact")
+        if st["label"].startswith(("undecided (lead", "not run")):
+            measured = "not stated (its lead is not informative)"
+        else:
+            measured = ci_text(lead.estimate, lead.ci_lo, lead.ci_hi, sign=lead.kind != "exact")
         floor = f"{lead.floor:.3f} ({lead.floor_baseline})" if lead.floor == lead.floor else "not computed"
-        rows = ", ".join(f"`{r.id}` {r.verdict}" for r in g.itertuples())
-        refuting = [r.id for r in g.itertuples() if r.verdict == "failed" and r.id != lead["id"]]
-        if refuting and lead.verdict == "held":
-            status = f"refuted by its controls ({', '.join(refuting)} failed)"
-        out.append(f"**{name}: {status}.** Minimal pair {pair} on {lead.task} ({lead.subset}; isolates "
-                   f"{lead.isolates}): {diff}. Shortcut floor {floor}. Ledger rows: {rows}.")
+        expl = "; ".join(f"`{i}` ({why})" for i, why in st["explained"].items()) or "none"
+        out.append(f"**{name}: {st['label']}.** Minimal pair {pair} on {lead.task} (lead `{lead['id']}`, "
+                   f"{lead.subset}; isolates {lead.isolates}): {measured}. Shortcut floor {floor}. Supported by "
+                   f"{_ids(st['supports'])}; contradicted by {_ids(st['contradicts'])}; failures it explains: "
+                   f"{expl}; uninformative: {len(st['uninformative'])} of {len(g)} rows (reasons in the ledger).")
     return out
 
 
 def readme(*, commit: str, date: str, level: float, scale: str, sentences: list[str], floors_text: str,
-           counts: dict, tables: dict[str, str], figures: dict[str, tuple[str, str]], links: dict[str, str]) -> str:
-    """reports/README.md. tables: name -> relative path (.md; a .csv lies beside it); figures: path ->
-    (title, caption); links: label -> relative path of other stages' reports."""
+           counts: dict, tables: dict[str, str], figures: dict[str, tuple[str, str]], links: dict[str, str],
+           rows: dict[str, dict[str, int]] | None = None) -> str:
+    """reports/README.md. counts: rows per verdict; rows: :func:`row_counts`; tables: name -> relative path
+    (.md; a .csv lies beside it); figures: path -> (title, caption); links: label -> relative path of other
+    stages' reports."""
     tally = ", ".join(f"{v} {k}" for k, v in counts.items())
     lines = [
         "# Where does a vision model put its inductive bias? Results", "",
@@ -132,8 +240,8 @@ def readme(*, commit: str, date: str, level: float, scale: str, sentences: list[
         "Every number below is computed from the per-run files DVC tracks; nothing about results is hand-written.",
         "", f"Intervals: {level:.0%} {CI_METHOD}. Our runs are tiny ({scale}) and far smaller than the papers "
         "quoted in the [anchors](tables/anchors.md).", "",
-        "## Findings", "", *[f"{i}. {s}" for i, s in enumerate(sentences, 1)], "",
-        floors_text, "", f"Prediction ledger: {tally} ([ledger](tables/ledger.md)).", "",
+        "## Findings", "", *[f"{i}. {s}" for i, s in enumerate(sentences, 1)], "", FINDING_RULE, "",
+        floors_text, "", f"Prediction ledger: {tally} ([ledger](tables/ledger.md)). {counts_text(rows or {})}", "",
         "## Tables (Markdown; CSV beside each)", "",
         *[f"- [{name}]({path}) ([csv]({path.removesuffix('.md')}.csv))" for name, path in tables.items()], "",
         "## Figures", "",

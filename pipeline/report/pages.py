@@ -15,7 +15,7 @@ import pandas as pd
 
 from pipeline import io, tracking
 from pipeline.report import aggregate as agg
-from pipeline.report import cells, collisions, ledger, markdown, natural, sources
+from pipeline.report import cells, collisions, learnability, ledger, markdown, natural, sources
 from pipeline.report import figures as fig
 
 CELL_NOTE = ("Per cell: mean over seeds x test items with a {level:.0%} hierarchical-bootstrap interval (seeds "
@@ -112,7 +112,7 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
                           cells.cell_table(inp.curve_runs.assign(source="runs"), inp.items, rp, seed)])
     slice_tab = cells.slice_table(runs, inp.items, config, rp, seed)
     led = ledger.judge(inp.params, runs, inp.items, inp.floors, inp.disagreement, seed, inp.collisions)
-    reach = agg.steps_to_reach(runs, rp.escape_threshold, cells.CELL)
+    learn = learnability_table(inp, config)
     students = dict(inp.params.distill.students)
     agree = sources.agreements(runs, students, list(inp.params.distill.tasks))
     floors = markdown.floors_line(inp.floors)
@@ -127,10 +127,9 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
                                      f"{note}\n\n{floors}", slice_tab),
         "prediction ledger": _table(out, "ledger", "Prediction ledger", LEDGER_NOTE.format(
             alpha=1 - rp.confidence, margin=rp.equivalence_margin) + f"\n\n{floors}", led, markdown.ledger_view(led)),
-        "steps to reach the escape threshold": _table(
-            out, "steps_to_reach", f"Steps to reach {rp.escape_threshold} validation accuracy", "From the "
-            "learning curve in each run's metrics.json: 'not reached' within the run's steps is 'not yet', not "
-            "'cannot'.", reach),
+        "learnability (in distribution, steps to criterion, out of distribution)": _table(
+            out, "learnability", "Learnability: who learned each task, how fast, and how it generalised",
+            learn_note(inp, config), learn, learnability.learnability_view(learn)),
         "budget (counts and measurements)": _table(
             out, "budget", "Budget per run group", "Counts: analytic; wall time, images/s, peak RSS: measured, "
             "seed mean. Teacher compute is charged in full to every student.", agg.budget_table(runs)),
@@ -148,7 +147,26 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
                                    agg.interface_table(inp.interface)),
     }
     paths.update(natural_tables(inp, out, main, size_tab, floors))
-    return paths, {"cells": cell_tab, "main": main, "size": size_tab, "slices": slice_tab, "ledger": led}
+    return paths, {"cells": cell_tab, "main": main, "size": size_tab, "slices": slice_tab, "ledger": led,
+                   "learnability": learn}
+
+
+def learnability_table(inp: Inputs, config: dict) -> pd.DataFrame:
+    """The learnability table at the main configuration, gated by the ledger's floors and learn fractions."""
+    rp = inp.params.report
+    floor = {t: ledger.floor_of(inp.floors, t)[0] for t in sorted(set(inp.runs.task))}
+    return learnability.learnability_table(inp.runs, config, inp.floors, floor,
+                                           learnability.criterion_accuracy(inp.params),
+                                           lambda task: learnability.learn_fraction(rp, task), rp.confidence)
+
+
+def learn_note(inp: Inputs, config: dict) -> str:
+    rp = inp.params.report
+    per_task = dict(getattr(rp, "learn_fraction_tasks", None) or {})
+    fractions = f"{getattr(rp, 'learn_fraction', 0.5):g}" + "".join(f"; {t} {f:g}" for t, f in sorted(per_task.items()))
+    shown = ", ".join(f"{k} {v}" for k, v in config.items()) or "none"
+    return learnability.NOTE.format(config=shown, level=rp.confidence, fractions=fractions,
+                                    criterion=learnability.criterion_accuracy(inp.params))
 
 
 def natural_tables(inp: Inputs, out: Path, main: pd.DataFrame, size_tab: pd.DataFrame, floors: str) -> dict:
@@ -245,11 +263,18 @@ def summary(frames: dict, floors: dict) -> dict:
     led, main = frames["ledger"], frames["main"]
     lead = {name: float(row.estimate) for name, _, row in ledger.leads(led)[:markdown.MAX_FINDINGS]}
     return markdown.nan_to_none({
-        "ledger": {k.replace(" ", "_"): v for k, v in ledger.counts(led).items()},
+        "ledger": {k.replace(" ", "_"): v for k, v in markdown.verdict_counts(led).items()},
+        **informative_counts(led),
         "finding": lead,
         "floor": {t: float(r.get("floor", float("nan"))) for t, r in sorted(floors.items())},
         "bimodal_cells": int(main["bimodal"].sum()) if len(main) else 0,
     })
+
+
+def informative_counts(led: pd.DataFrame) -> dict:
+    """summary.json's informative / uninformative rows per row type (paired, floor, exact, budget)."""
+    rows = markdown.row_counts(led)
+    return {key: {t: c[key] for t, c in rows.items()} for key in ("informative", "uninformative")}
 
 
 def write_report(inp: Inputs, out: Path) -> None:
@@ -265,4 +290,5 @@ def write_report(inp: Inputs, out: Path) -> None:
     io.write_text(out / "README.md", markdown.readme(
         commit=tracking.git_commit(), date=dt.date.today().isoformat(), level=params.report.confidence,
         scale=scale, sentences=markdown.findings(frames["ledger"]), floors_text=markdown.floors_line(inp.floors),
-        counts=ledger.counts(frames["ledger"]), tables=paths, figures=made, links=links))
+        counts=markdown.verdict_counts(frames["ledger"]), tables=paths, figures=made, links=links,
+        rows=markdown.row_counts(frames["ledger"])))

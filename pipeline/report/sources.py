@@ -42,6 +42,30 @@ def read_metrics(root: Path | None, source: str) -> list[dict]:
     return out
 
 
+STOP_REASONS = ("criterion", "plateau", "cap")
+
+
+def run_outcome(m: dict) -> dict:
+    """How a run ended, from metrics.json: ``steps_done``, ``criterion_step``, ``criterion_recorded``,
+    ``stop_reason``. Runs from before training to a criterion lack the keys: they ran their fixed budget to
+    the end (``stop_reason`` "cap", ``steps_done`` = their steps) and ``criterion_recorded`` is False, so a
+    reader falls back to their learning curve instead of reading "not reached"."""
+    steps = m.get("steps", (m.get("budget") or {}).get("optimizer_steps"))
+    done = m.get("steps_done", steps)
+    crit = m.get("criterion_step")
+    reason = m.get("stop_reason") or "cap"
+    return {"steps_done": math.nan if done is None else float(done),
+            "criterion_step": math.nan if crit is None else float(crit),
+            "criterion_recorded": "criterion_step" in m,
+            "stop_reason": reason if reason in STOP_REASONS else str(reason)}
+
+
+def slice_acc(m: dict, key: str) -> float:
+    """Accuracy of one evaluation slice of a run (NaN when the task has no such slice)."""
+    v = (m.get("slices") or {}).get(key)
+    return float(v["acc"]) if isinstance(v, dict) and v.get("acc") is not None else math.nan
+
+
 def read_predictions(folder: str | Path) -> tuple[np.ndarray, np.ndarray] | None:
     """``(index (N,) int64, logits (N, K) float32)`` of a run folder, or None if it kept none."""
     path = Path(folder) / "predictions.npz"

@@ -1,0 +1,156 @@
+"""The learnability table, how old runs read, and how a finding is labelled (hand-built frames, no files but
+one metrics.json)."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as sps
+
+from pipeline.report import aggregate as agg
+from pipeline.report import learnability as learn
+from pipeline.report import markdown, sources
+
+CONFIG = {"train_size": 40, "steps": 1000, "budget_mode": "criterion"}
+FLOORS = {"alignment": {"chance": 0.25, "floor": 0.385}}
+
+
+def _metrics(arch: str, seed: int, id_acc: float, ood_acc: float | None = None, task: str = "alignment",
+             curve_hit: int | None = None, **new) -> dict:
+    """A metrics.json record; ``new``: the keys training to a criterion adds (left out: an old run)."""
+    slices = {"test": {"acc": id_acc, "n": 100}}
+    if ood_acc is not None:
+        slices |= {"slice/id": {"acc": id_acc, "n": 50}, "slice/ood": {"acc": ood_acc, "n": 50}}
+    curve = [{"step": s, "train_loss": 1.0, "val_acc": 0.95 if curve_hit and s >= curve_hit else 0.3}
+             for s in (250, 500, 750, 1000)]
+    return {"task": task, "arch": arch, "seed": seed, "data_seed": 0, "train_size": 40, "steps": 1000,
+            "budget_mode": "criterion", "num_classes": 4, "test_acc": id_acc, "val_acc": id_acc, "slices": slices,
+            "curve": curve, "budget": {"optimizer_steps": 1000}, "source": "runs", "dir": f"{arch}/{task}/{seed}",
+            **new}
+
+
+def _runs() -> pd.DataFrame:
+    """resnet learns (criterion at 300/400/500); vit stays at chance (criterion never held); resnet_s1 is an old
+    run (no new keys; its curve crosses 0.9 at step 500 for two seeds of three); relation: one seed, no slices."""
+    recs = [_metrics("resnet", s, acc, 0.4 + s / 10, steps_done=step, criterion_step=step, stop_reason="criterion")
+            for s, (acc, step) in enumerate([(0.95, 300), (0.97, 400), (0.96, 500)])]
+    recs += [_metrics("vit", s, acc, 0.2, steps_done=1000 if s else 600, criterion_step=None,
+                      stop_reason="cap" if s else "plateau") for s, acc in enumerate([0.26, 0.24, 0.25])]
+    recs += [_metrics("resnet_s1", s, 0.9, 0.85, curve_hit=500 if s < 2 else None) for s in range(3)]
+    recs += [_metrics("swin", 0, 0.5, task="relation", curve_hit=None)]
+    return agg.runs_frame(recs)
+
+
+def _table(runs: pd.DataFrame) -> pd.DataFrame:
+    floor = {"alignment": 0.385, "relation": math.nan}
+    return learn.learnability_table(runs, CONFIG, FLOORS, floor, 0.9, 0.5, 0.95).set_index(["task", "arch"])
+
+
+def test_learn_threshold_from_chance_or_floor_and_per_task_fraction():
+    assert learn.learn_threshold(0.25, math.nan, 0.5) == 0.625
+    assert learn.learn_threshold(0.25, 0.385, 0.5) == pytest.approx(0.6925)  # the floor is the higher base
+    assert learn.learn_threshold(0.5, 0.2, 0.5) == 0.75
+    assert learn.learned(0.6925, 0.25, 0.385, 0.5) and not learn.learned(math.nan, 0.25, 0.385, 0.5)
+    rp = SimpleNamespace(learn_fraction=0.6, learn_fraction_tasks={"scale": 0.3})
+    assert (learn.learn_fraction(rp, "scale"), learn.learn_fraction(rp, "alignment")) == (0.3, 0.6)
+    assert learn.learn_fraction(SimpleNamespace(), "scale") == 0.5  # params without the keys: the default
+
+
+def test_learnability_table_learned_chance_and_not_reached():
+    t = _table(_runs())
+    assert list(t.index) == [("alignment", "resnet"), ("alignment", "resnet_s1"), ("alignment", "vit"),
+                             ("relation", "swin")]  # task, then arch
+    res, vit, old, one = (t.loc[k] for k in [("alignment", "resnet"), ("alignment", "vit"),
+                                              ("alignment", "resnet_s1"), ("relation", "swin")])
+    half = sps.t.ppf(0.975, 2) * np.std([0.95, 0.97, 0.96], ddof=1) / math.sqrt(3)
+    assert res.id_mean == pytest.approx(0.96) and res.id_lo == pytest.approx(0.96 - half)
+    assert (res.learned, res.k_criterion, res.median_steps_to_criterion) == ("yes", 3, 400.0)
+    assert res.stop_reasons == "criterion 3" and res.ood_mean == pytest.approx(0.5)
+    assert res.learn_at == pytest.approx(0.6925) and res.chance == 0.25
+    # at chance, criterion recorded as never held: "not reached", whatever its curve says
+    assert (vit.learned, vit.k_criterion) == ("no", 0) and math.isnan(vit.median_steps_to_criterion)
+    assert vit.stop_reasons == "cap 2, plateau 1"
+    # an old run: read off the curve (two seeds cross 0.9 at step 500), stopped by the cap
+    assert (old.k_criterion, old.median_steps_to_criterion, old.stop_reasons) == (2, 500.0, "cap 3")
+    # one seed, a task without id/ood slices: test accuracy, no interval, no ood; chance from num_classes
+    assert one.id_mean == 0.5 and math.isnan(one.id_lo) and math.isnan(one.ood_mean) and one.chance == 0.25
+    view = learn.learnability_view(t.reset_index())
+    assert view.iloc[0]["reached criterion"] == "3 of 3, median step 400"
+    assert view.iloc[2]["reached criterion"] == "0 of 3 (not reached)" and "(one seed)" in view.iloc[3, 2]
+
+
+def test_old_metrics_without_criterion_keys_are_read(tmp_path):
+    old = _metrics("vit", 0, 0.7)
+    for key in ("source", "dir"):
+        old.pop(key)
+    (tmp_path / "vit").mkdir()
+    (tmp_path / "vit" / "metrics.json").write_text(json.dumps(old))
+    runs = agg.runs_frame(sources.read_metrics(tmp_path, "runs"))
+    r = runs.iloc[0]
+    assert (r.stop_reason, r.steps_done, bool(r.criterion_recorded)) == ("cap", 1000.0, False)
+    assert math.isnan(r.criterion_step) and r.id_acc == 0.7 and math.isnan(r.ood_acc)
+    new = sources.run_outcome({"steps": 1000, "steps_done": 420, "criterion_step": None, "stop_reason": "plateau"})
+    assert (new["steps_done"], new["criterion_recorded"], new["stop_reason"]) == (420.0, True, "plateau")
+    assert math.isnan(new["criterion_step"])  # recorded as null: not reached (no curve fallback)
+
+
+# --------------------------------------------------------------------------- finding labels
+def _row(rid: str, verdict: str, kind: str = "paired", **extra) -> dict:
+    return {"id": rid, "finding": rid.split(".")[0], "kind": kind, "task": "alignment", "a": "a", "b": "b",
+            "subset": "slice/ood", "isolates": "x", "estimate": 0.1, "ci_lo": 0.05, "ci_hi": 0.15,
+            "floor": np.nan, "floor_baseline": "", "verdict": verdict, "needs_seeds": None, **extra}
+
+
+def _status(rows: list[dict]) -> dict:
+    g = pd.DataFrame(rows)
+    return markdown.finding_status("alignment", g, g.iloc[0])
+
+
+def test_held_lead_with_an_explained_failure_stays_supported():
+    st = _status([_row("alignment.stride.alignment", "held"), _row("alignment.resnet_vs_vit.alignment", "failed")])
+    assert st["label"] == "supported" and st["contradicts"] == [] and st["supports"] == ["alignment.stride.alignment"]
+    assert "stride" in st["explained"]["alignment.resnet_vs_vit.alignment"]
+    assert markdown.explains("scale", "alignment.resnet_vs_vit.alignment") is None  # only its own finding
+
+
+def test_held_lead_with_an_unexplained_informative_failure_is_contradicted():
+    rows = [_row("alignment.stride.alignment", "held", reason="", uninformative=False),
+            _row("alignment.overlap.alignment", "failed", reason="", uninformative=False),
+            _row("alignment.antialias.alignment", "failed", reason="resnet_aa did not learn", uninformative=True)]
+    st = _status(rows)
+    assert st["label"] == "contradicted" and st["contradicts"] == ["alignment.overlap.alignment"]
+    assert st["uninformative"] == ["alignment.antialias.alignment"]  # flagged: never contradicts
+
+
+def test_uninformative_or_underpowered_lead_is_undecided():
+    why = "resnet_s1 did not learn: in-distribution 0.287 (needs >= 0.650)"
+    st = _status([_row("alignment.stride.alignment", "uninformative", reason=why),
+                  _row("alignment.overlap.alignment", "held", reason="")])
+    assert st["label"] == f"undecided (lead uninformative: {why})" and st["supports"] == ["alignment.overlap.alignment"]
+    st = _status([_row("alignment.stride.alignment", "underpowered", needs_seeds=9)])
+    assert st["label"] == "undecided (underpowered: needs 9 seeds)"
+    text = markdown.findings(pd.DataFrame([_row("alignment.stride.alignment", "uninformative", reason=why)]))[0]
+    assert text.startswith(f"**alignment: undecided (lead uninformative: {why}).**") and "not stated" in text
+
+
+def test_row_counts_per_type_and_in_words():
+    led = pd.DataFrame([_row("alignment.stride.alignment", "held"), _row("alignment.x.alignment", "underpowered"),
+                        _row("alignment.overlap.alignment", "uninformative"),
+                        _row("reach.x.relation", "held", kind="floor"), _row("exact.x", "failed", kind="exact"),
+                        _row("budget.vit.a.steps4000", "not run")])
+    rows = markdown.row_counts(led)
+    assert rows["paired"] == {"rows": 3, "informative": 2, "uninformative": 1, "decided": 1, "underpowered": 1,
+                              "not run": 0}
+    assert list(rows) == ["paired", "floor", "exact", "budget"] and rows["budget"]["not run"] == 1
+    assert "paired: 1 of 3 decided" in markdown.counts_text(rows)
+    assert markdown.verdict_counts(led)["uninformative"] == 1
+
+
+def test_a_lead_is_never_explained_away():
+    st = _status([_row("alignment.resnet_vs_vit.alignment", "failed")])  # an explained id, but here the lead
+    assert st["label"] == "contradicted" and st["contradicts"] == ["alignment.resnet_vs_vit.alignment"]
