@@ -179,6 +179,22 @@ def tamper_labels(ws: Path) -> None:
     np.save(path, labels)
 
 
+def recode(encoding: str) -> Callable[[Path], None]:
+    """params.yaml's own text saved in another encoding."""
+    def apply(ws: Path) -> None:
+        path = ws / "params.yaml"
+        path.write_bytes(path.read_text().encode(encoding))
+    return apply
+
+
+def duplicate_recipe_lr(ws: Path) -> None:
+    """A second ``lr:`` inside train.recipe (yaml.safe_load would keep the later one)."""
+    path = ws / "params.yaml"
+    text = path.read_text()
+    assert text.count("\n  recipe:\n") == 1
+    path.write_text(text.replace("\n  recipe:\n", "\n  recipe:\n    lr: 0.5\n"))
+
+
 @dataclass(frozen=True)
 class Case:
     id: str
@@ -198,6 +214,16 @@ CASES = [
          ("params.yaml", "malformed YAML")),
     Case("params-missing", "generate", lambda ws: None, ("nope.yaml", "not found"), (("params", "nope.yaml"),)),
     Case("params-not-mapping", "slice", write("params.yaml", b"- 1\n- 2\n"), ("params.yaml", "top level")),
+    # params files that safe_load would take silently or with a traceback (one loader: pipeline.config.load_params)
+    Case("params-duplicate-key", "generate", append("params.yaml", b"seed: 1\n"),
+         ("params.yaml", "duplicate key 'seed'", "lines 1 and")),
+    Case("params-duplicate-nested-key", "train", duplicate_recipe_lr, ("params.yaml", "duplicate key 'lr'")),
+    Case("params-utf16", "slice", recode("utf-16"), ("params.yaml", "UTF-16")),
+    Case("params-utf16-no-bom", "budget", recode("utf-16-le"), ("params.yaml", "NUL bytes")),
+    Case("params-latin1", "train", append("params.yaml", b"# caf\xe9\n"),
+         ("params.yaml", "not UTF-8")),
+    Case("params-binary", "interface", write("params.yaml", bytes(range(256)) * 4), ("params.yaml", "NUL bytes")),
+    Case("params-directory", "teacher", lambda ws: None, ("data/tasks", "not a file"), (("params", "data/tasks"),)),
     # wrong types and values
     Case("unknown-key", "budget", edit("geometry.colour", 3), ("geometry.colour", "unknown key")),
     Case("lr-string", "train", edit("train.recipe.lr", "fast"), ("train.recipe.lr",)),
@@ -205,6 +231,22 @@ CASES = [
     Case("steps-bool", "teacher", edit("train.recipe.steps", True), ("train.recipe.steps",)),
     Case("batch-negative", "train", edit("train.recipe.batch_size", -4), ("train.recipe.batch_size",)),
     Case("warmup-too-long", "train", edit("train.recipe.warmup_steps", 50), ("train.recipe.warmup_steps",)),
+    # worker-only conditions, refused with the params (pipeline.config.Params._worker_limits)
+    Case("batch-above-train-size", "train", edit("train.recipe.batch_size", 129),
+         ("train.recipe.batch_size", "train.size = 128")),
+    Case("batch-above-grid-size", "train", both(edit("train.grids", {"small": {"sizes": [64]}}),
+                                                edit("train.recipe.batch_size", 65)),
+         ("train.recipe.batch_size", "train.grids.small.sizes = 64")),
+    Case("batch-above-teacher-set", "teacher", both(edit("slice.train_sizes", [64, 128, 160]),
+                                                    edit("distill.teacher_size", 160),
+                                                    edit("train.recipe.batch_size", 33)),
+         ("train.recipe.batch_size", "distill.teacher_size - train.size = 32")),
+    Case("seed-above-lightning", "generate", edit("seed", 2**32), ("seed", "4294967296", "seed range")),
+    Case("train-seed-above-lightning", "train", edit("train.seeds", [0, 2**32]), ("train.seeds", "seed range")),
+    Case("grid-seed-above-lightning", "train", edit("train.grids", {"more": {"seeds": [2**33]}}),
+         ("train.grids.more.seeds", "seed range")),
+    Case("teacher-seed-above-lightning", "teacher", edit("distill.teacher_seed", 2**32 + 5),
+         ("distill.teacher_seed", "seed range")),
     # impossible geometry
     Case("patch-not-dividing", "interface", edit("geometry.patch_size", 5), ("geometry.patch_size",)),
     Case("swin-window-too-big", "budget", edit("models.swin.window_size", 16), ("models.swin.window_size",)),
