@@ -335,6 +335,10 @@ CASES = [
          env=(("MLFLOW_TRACKING_URI", "bogus://nowhere"),)),
     Case("env-tracking-uri-under-a-file", "teacher", lambda ws: None, ("params.yaml",),
          env=(("MLFLOW_TRACKING_URI", "sqlite:///{ws}/params.yaml/mlflow.db"),)),
+    # tracking faults after the store check passes (pipeline.tracking.store_faults; more in test_tracking_faults.py)
+    Case("mlflow-db-truncated", "train", truncate("mlflow.db"), ("tracking store sqlite:///", "mlflow.db", "malformed")),
+    Case("tracking-uri-in-memory", "teacher", edit("tracking.tracking_uri", "sqlite:///:memory:"),
+         ("tracking.tracking_uri", "keeps no runs")),
 ]
 
 
