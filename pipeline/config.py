@@ -7,6 +7,7 @@ that line and exit non-zero without writing anything (see :mod:`pipeline.stages.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -529,6 +530,22 @@ class Params(Section):
         return self
 
     @model_validator(mode="after")
+    def _fits_in_memory(self) -> Params:
+        """Sizes the schema admits but this machine cannot hold: MemoryError or swapping for minutes otherwise."""
+        g, have = self.geometry, machine_memory()
+        pools = [(f"tasks.{t}.n", getattr(self.tasks, t).n) for t in self.tasks.names if t != "natural"]
+        needs = [(key, n, n * g.image_size**2 * g.channels, f"{n} images of {g.image_size}x{g.image_size}x"
+                  f"{g.channels} uint8") for key, n in pools]
+        # weights, gradients and AdamW's two moments: four float32 copies of every parameter
+        needs.append(("models.param_target", self.models.param_target, 16 * self.models.param_target,
+                      f"{self.models.param_target} parameters x 16 bytes (weights, gradients, AdamW moments)"))
+        for key, value, need, what in needs:
+            if need > have:
+                raise ValueError(f"{key}: {value} is too large: {what} take {need / 2**30:.1f} GiB, more than "
+                                 f"this machine's {have / 2**30:.1f} GiB of memory")
+        return self
+
+    @model_validator(mode="after")
     def _tasks_fit_geometry(self) -> Params:
         g, t = self.geometry, self.tasks
         p, h = g.patch_size, g.image_size
@@ -593,6 +610,11 @@ class Params(Section):
                 f"(stage grids {stage_grids}, depths {s.depths}): swin would equal swin_noshift"
             )
         return self
+
+
+def machine_memory() -> int:
+    """Physical memory in bytes (what a size estimate is compared with)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def training_sets(p: Params) -> dict[str, int]:

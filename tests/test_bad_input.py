@@ -247,6 +247,10 @@ CASES = [
          ("train.grids.more.seeds", "seed range")),
     Case("teacher-seed-above-lightning", "teacher", edit("distill.teacher_seed", 2**32 + 5),
          ("distill.teacher_seed", "seed range")),
+    # sizes the schema admits but no machine holds (Params._fits_in_memory)
+    Case("pool-beyond-memory", "generate", edit("tasks.alignment.n", 10**12), ("tasks.alignment.n", "GiB", "memory")),
+    Case("param-target-beyond-memory", "budget", edit("models.param_target", 10**13),
+         ("models.param_target", "GiB", "memory")),
     # impossible geometry
     Case("patch-not-dividing", "interface", edit("geometry.patch_size", 5), ("geometry.patch_size",)),
     Case("swin-window-too-big", "budget", edit("models.swin.window_size", 16), ("models.swin.window_size",)),
@@ -336,7 +340,8 @@ CASES = [
     Case("env-tracking-uri-under-a-file", "teacher", lambda ws: None, ("params.yaml",),
          env=(("MLFLOW_TRACKING_URI", "sqlite:///{ws}/params.yaml/mlflow.db"),)),
     # tracking faults after the store check passes (pipeline.tracking.store_faults; more in test_tracking_faults.py)
-    Case("mlflow-db-truncated", "train", truncate("mlflow.db"), ("tracking store sqlite:///", "mlflow.db", "malformed")),
+    Case("mlflow-db-truncated", "train", truncate("mlflow.db"),
+         ("tracking store sqlite:///", "mlflow.db", "malformed")),
     Case("tracking-uri-in-memory", "teacher", edit("tracking.tracking_uri", "sqlite:///:memory:"),
          ("tracking.tracking_uri", "keeps no runs")),
 ]
