@@ -339,6 +339,11 @@ CASES = [
          env=(("MLFLOW_TRACKING_URI", "bogus://nowhere"),)),
     Case("env-tracking-uri-under-a-file", "teacher", lambda ws: None, ("params.yaml",),
          env=(("MLFLOW_TRACKING_URI", "sqlite:///{ws}/params.yaml/mlflow.db"),)),
+    # a named Dask cluster that cannot answer (pipeline.executor._connected): refused before any MLflow run
+    Case("dask-scheduler-unreachable", "train", lambda ws: None, ("DASK_SCHEDULER_ADDRESS", "tcp://127.0.0.1:9"),
+         env=(("DASK_SCHEDULER_ADDRESS", "tcp://127.0.0.1:9"),)),
+    Case("dask-scheduler-no-port", "teacher", edit("train.runtime.scheduler", "scheduler.example"),
+         ("train.runtime.scheduler", "no port")),
     # tracking faults after the store check passes (pipeline.tracking.store_faults; more in test_tracking_faults.py)
     Case("mlflow-db-truncated", "train", truncate("mlflow.db"),
          ("tracking store sqlite:///", "mlflow.db", "malformed")),
