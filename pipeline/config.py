@@ -7,6 +7,7 @@ that line and exit non-zero without writing anything (see :mod:`pipeline.stages.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -526,6 +527,37 @@ class Params(Section):
         return self
 
     @model_validator(mode="after")
+    def _worker_limits(self) -> Params:
+        """What a worker would otherwise find only after an MLflow run and a checkpoint folder exist."""
+        t, d = self.train, self.distill
+        seeds = [("seed", [self.seed]), ("train.seeds", t.seeds), ("distill.teacher_seed", [d.teacher_seed])]
+        seeds += [(f"train.grids.{g}.seeds", x.seeds or []) for g, x in t.grids.items()]
+        for key, values in seeds:
+            if bad := [v for v in values if v > SEED_MAX]:
+                raise ValueError(f"{key}: {bad[0]} is outside Lightning's seed range 0..{SEED_MAX}")
+        batch = t.recipe.batch_size
+        if (smallest := min(training_sets(self).items(), key=lambda kv: kv[1]))[1] < batch:
+            raise ValueError(f"train.recipe.batch_size: {batch} exceeds the smallest training set, "
+                             f"{smallest[0]} = {smallest[1]} images (a run needs one full batch)")
+        return self
+
+    @model_validator(mode="after")
+    def _fits_in_memory(self) -> Params:
+        """Sizes the schema admits but this machine cannot hold: MemoryError or swapping for minutes otherwise."""
+        g, have = self.geometry, machine_memory()
+        pools = [(f"tasks.{t}.n", getattr(self.tasks, t).n) for t in self.tasks.names if t != "natural"]
+        needs = [(key, n, n * g.image_size**2 * g.channels, f"{n} images of {g.image_size}x{g.image_size}x"
+                  f"{g.channels} uint8") for key, n in pools]
+        # weights, gradients and AdamW's two moments: four float32 copies of every parameter
+        needs.append(("models.param_target", self.models.param_target, 16 * self.models.param_target,
+                      f"{self.models.param_target} parameters x 16 bytes (weights, gradients, AdamW moments)"))
+        for key, value, need, what in needs:
+            if need > have:
+                raise ValueError(f"{key}: {value} is too large: {what} take {need / 2**30:.1f} GiB, more than "
+                                 f"this machine's {have / 2**30:.1f} GiB of memory")
+        return self
+
+    @model_validator(mode="after")
     def _tasks_fit_geometry(self) -> Params:
         g, t = self.geometry, self.tasks
         p, h = g.patch_size, g.image_size
@@ -592,6 +624,21 @@ class Params(Section):
         return self
 
 
+def machine_memory() -> int:
+    """Physical memory in bytes (what a size estimate is compared with)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def training_sets(p: Params) -> dict[str, int]:
+    """Each training-set size some run trains on, by the key that sets it (teachers: their transfer set)."""
+    t, d = p.train, p.distill
+    sizes = {"train.size": t.size}
+    sizes |= {f"train.grids.{g}.sizes": min(x.sizes) for g, x in t.grids.items() if x.sizes}
+    if d.teachers and d.tasks:
+        sizes["distill.teacher_size - train.size"] = d.teacher_size - t.size
+    return sizes
+
+
 def _format(err: ValidationError) -> str:
     first = err.errors()[0]
     loc = ".".join(str(p) for p in first["loc"])
@@ -617,15 +664,70 @@ def parse_params(raw: object, source: str = "params.yaml") -> Params:
         raise ConfigError(f"{source}: {_format(err)}") from None
 
 
-def load_params(path: str | Path = "params.yaml") -> Params:
-    """Read and validate ``params.yaml`` (safe YAML loading)."""
-    path = Path(path)
+# Lightning's seed_everything range (numpy's legacy seeding is uint32): a seed outside it fails only in a worker.
+SEED_MAX = 2**32 - 1
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class DuplicateKey(yaml.YAMLError):
+    """A mapping names one key twice: ``safe_load`` would keep the last value without a word (DVC refuses it)."""
+
+    def __init__(self, key: object, first: int, second: int):
+        super().__init__(f"duplicate key {key!r} at lines {first} and {second}")
+
+
+class StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key repeated within one mapping (``<<`` merges may still override)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[object, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == MERGE_TAG:
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark.line + 1)
+                except TypeError:  # an unhashable key: SafeLoader's own error names it
+                    continue
+                if first != key_node.start_mark.line + 1:
+                    raise DuplicateKey(key, first, key_node.start_mark.line + 1)
+        return super().construct_mapping(node, deep)
+
+
+def read_params_text(path: Path) -> str:
+    """The text of a params file, or one :class:`ConfigError` line naming the file (missing, not a file,
+    unreadable, binary, not UTF-8)."""
+    if not path.exists():
+        raise ConfigError(f"{path}: file not found")
+    if not path.is_file():
+        raise ConfigError(f"{path}: not a file (a params file is YAML text)")
     try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: file not found") from None
+        data = path.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read ({err.strerror or err})") from None
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise ConfigError(f"{path}: UTF-16 text; save it as UTF-8")
+    if b"\0" in data:
+        raise ConfigError(f"{path}: holds NUL bytes (binary, or UTF-16 without a BOM), not UTF-8 YAML text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start})") from None
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    """Read and validate ``params.yaml`` (safe YAML loading, duplicate keys refused): every stage's one loader."""
+    path = Path(path)
+    text = read_params_text(path)
+    try:
+        raw = yaml.load(text, Loader=StrictLoader)  # noqa: S506  a SafeLoader subclass
+    except DuplicateKey as err:
+        raise ConfigError(f"{path}: {err}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""
         raise ConfigError(f"{path}: malformed YAML{where}") from None
+    except RecursionError:  # thousands of nested brackets
+        raise ConfigError(f"{path}: malformed YAML (nested too deeply)") from None
     return parse_params(raw if raw is not None else {}, str(path))

@@ -36,6 +36,7 @@ ADDRESS_ENV = "DASK_SCHEDULER_ADDRESS"  # Dask's own variable (dask config `sche
 # A run whose worker dies is retried until it has seen this many deaths (runs queued on a dying worker count
 # too, so 1 would fail innocent bystanders).
 ALLOWED_WORKER_DEATHS = 2
+SCHEDULER_TIMEOUT_S = 30  # a named cluster that does not answer: one line after this, not a traceback
 MALLOC_TRIM_KEY = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
 NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"  # set by lightning.fabric's import
 
@@ -105,6 +106,46 @@ def _freeze_at_close():
     return FreezeAtClose()
 
 
+def _connected(client_class, scheduler: str):
+    """A client of the cluster at ``scheduler``, or one line naming the address (before any MLflow run opens).
+
+    A plain TCP connect first: a Client that failed to connect leaves an event loop whose ``__del__`` prints a
+    traceback at exit."""
+    try:
+        if reason := _unreachable(scheduler):
+            raise OSError(reason)
+        return client_class(scheduler, timeout=SCHEDULER_TIMEOUT_S)
+    except (OSError, TimeoutError, ValueError) as err:
+        raise StageError(f"train.runtime.scheduler / ${ADDRESS_ENV}: no Dask scheduler at {scheduler} "
+                         f"({_first_line(err)})") from None
+
+
+def _unreachable(scheduler: str) -> str | None:
+    """Why no Dask scheduler can answer at ``scheduler`` (an unknown scheme, no port, nothing listening on a TCP
+    port), else None; schemes other than tcp are left to Dask."""
+    import socket
+
+    from distributed.comm.registry import backends
+
+    scheme, _, rest = scheduler.rpartition("://")
+    if (scheme := scheme or "tcp") not in backends:
+        return f"unknown address scheme {scheme!r} (known: {', '.join(sorted(backends))})"
+    host, sep, port = rest.rpartition(":")
+    if scheme != "tcp":
+        return None
+    if not sep or not port.isdigit():
+        return "no port in the address (tcp://host:port)"
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=SCHEDULER_TIMEOUT_S):
+            return None
+    except OSError as err:
+        return f"cannot connect within {SCHEDULER_TIMEOUT_S} s: {err.strerror or err}"
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).splitlines() or [type(err).__name__])[0]
+
+
 @contextmanager
 def dask_client(workers: int, scheduler: str | None = None):
     """A Dask client: on an existing cluster at ``scheduler``, or on a loopback-only local cluster."""
@@ -112,7 +153,7 @@ def dask_client(workers: int, scheduler: str | None = None):
     from distributed import Client, LocalCluster
 
     if scheduler is not None:
-        with Client(scheduler) as client:
+        with _connected(Client, scheduler) as client:
             yield client
         return
     os.environ.pop("MALLOC_TRIM_THRESHOLD_", None)  # workers inherit it (an earlier Dask cluster leaves it set)

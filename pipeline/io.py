@@ -118,6 +118,55 @@ def sha256_bytes(*arrays: bytes) -> str:
     return h.hexdigest()
 
 
+# What a field of a JSON file should be, as said in an error ("'seed' should be an integer").
+KINDS = {dict: "a mapping", list: "a list", str: "a string", int: "an integer", float: "a number",
+         bool: "true or false", type(None): "null"}
+Shape = dict[str, type | tuple[type, ...]]  # dotted key -> the type(s) its value may have
+
+
+def read_json(path: str | Path, required: Shape | None = None) -> dict:
+    """The JSON mapping in ``path``, its ``required`` fields checked; one-line :class:`StageError` otherwise.
+
+    ``required`` maps a dotted key (``"sha256.images"``) to a type or tuple of types; ``float`` admits an int,
+    and a bool is never a number (JSON's ``true`` would pass ``isinstance(True, int)``)."""
+    path = Path(path)
+    if not path.exists():
+        raise StageError(f"{path}: missing")
+    try:
+        obj = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        where = f" at line {err.lineno}" if isinstance(err, json.JSONDecodeError) else ""
+        raise StageError(f"{path}: not JSON ({getattr(err, 'msg', 'not UTF-8 text')}{where})") from None
+    except OSError as err:  # a folder, or no permission
+        raise StageError(f"{path}: unreadable ({err.strerror or err})") from None
+    if not isinstance(obj, dict):
+        raise StageError(f"{path}: should hold a JSON object (a mapping), not {_kind(obj)}")
+    for key, kinds in (required or {}).items():
+        check_field(path, obj, key, kinds)
+    return obj
+
+
+def check_field(path: Path, obj: dict, key: str, kinds: type | tuple[type, ...]) -> Any:
+    """The value at dotted ``key`` of ``obj`` (read from ``path``), if it has one of ``kinds``."""
+    node: Any = obj
+    for i, part in enumerate(parts := key.split(".")):
+        if not isinstance(node, dict):
+            raise StageError(f"{path}: {'.'.join(parts[:i])!r} should be a mapping")
+        if part not in node:
+            raise StageError(f"{path}: missing key {'.'.join(parts[:i + 1])!r}")
+        node = node[part]
+    wanted = kinds if isinstance(kinds, tuple) else (kinds,)
+    accepted = (*wanted, int) if float in wanted else wanted
+    if not isinstance(node, accepted) or (isinstance(node, bool) and bool not in wanted):
+        names = " or ".join(KINDS.get(k, k.__name__) for k in wanted)
+        raise StageError(f"{path}: {key!r} should be {names}, not {_kind(node)}")
+    return node
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else KINDS.get(type(value), type(value).__name__)
+
+
 def _jsonable(obj: Any) -> Any:
     import numpy as np
 

@@ -18,6 +18,7 @@ prefix (``slice/``, ``budget/``, ``measured/``, ``train/``, ``val/``).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -30,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from pipeline.config import Params
 from pipeline.environment import environment
@@ -55,6 +56,14 @@ def _headline_view() -> dict[str, str]:
     return {"mlflow.sharedViewState.headline": json.dumps(view)}
 SQLITE_MAGIC = b"SQLite format 3\x00"
 HTTP_TIMEOUT_S = 5
+LOCK_TIMEOUT_S = 120  # store creation takes seconds; a lock held longer belongs to a stuck process
+# MLflow's answers about a run or an experiment (deleted, a bad value), which callers handle (StageRun.open starts
+# a new run for a deleted one); any other MlflowException is the store or server failing.
+ANSWERS = {"RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "INVALID_STATE"}
+# Loggers that print a store fault's whole traceback (logger.exception) before MLflow re-raises it: the one-line
+# StageError says it instead.
+NOISY = {"mlflow.store.db.utils": "CRITICAL", "alembic": "WARNING", "mlflow.system_metrics": "ERROR",
+         "mlflow.utils.rest_utils": "CRITICAL"}
 
 
 def repo_root(start: str | Path | None = None) -> Path:
@@ -95,6 +104,9 @@ def check_store(params: Params) -> str:
     if scheme not in STORE_SCHEMES:
         raise ConfigError(f"{key}: {uri!r} is not a tracking URI this pipeline can use "
                           f"(scheme one of {', '.join(STORE_SCHEMES)}; e.g. sqlite:///<path>/mlflow.db)")
+    if scheme == "sqlite" and (not uri.startswith("sqlite:///") or ":memory:" in uri or uri == "sqlite:///"):
+        raise ConfigError(f"{key}: {uri!r} keeps no runs after the stage exits (in-memory or no file); "
+                          "use sqlite:///<absolute path>/mlflow.db")
     if uri.startswith("sqlite:///"):
         path = Path(uri.removeprefix("sqlite:///"))
         if blocker := next((d for d in path.parents if d.exists() and not d.is_dir()), None):
@@ -102,6 +114,8 @@ def check_store(params: Params) -> str:
         if path.exists() and path.stat().st_size and path.read_bytes()[:16] != SQLITE_MAGIC:
             raise StageError(f"{path}: not an SQLite MLflow store (corrupt?); move it aside and rerun "
                              "(a fresh store is created)")
+        if reason := _unwritable(path):
+            raise StageError(f"tracking store {uri}: {reason}")
     elif uri.startswith(("http://", "https://")):
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")  # MLflow's default retries for minutes
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
@@ -116,28 +130,96 @@ def check_store(params: Params) -> str:
     return uri
 
 
-def _client(uri: str):
+def _unwritable(path: Path) -> str | None:
+    """Why MLflow could not write the sqlite store ``path`` (read-only file, or a folder where sqlite cannot put
+    its journal), else None. Checked before any run opens: reading works, so MLflow would fail at the first run."""
+    folder = next((d for d in (path.parent, *path.parent.parents) if d.exists()), None)
+    if path.exists() and not os.access(path, os.W_OK):
+        return f"{path} is read-only"
+    if folder is not None and not os.access(folder, os.W_OK):
+        return f"{folder} is read-only (sqlite writes its journal beside the store)"
+    return None
+
+
+def _client(uri: str) -> Guarded:
     import logging
 
     from mlflow.exceptions import MlflowException
 
-    for name in ("mlflow.store.db.utils", "alembic"):  # "Creating initial MLflow database tables..."
-        logging.getLogger(name).setLevel(logging.WARNING)
+    for name, level in NOISY.items():  # "Creating initial MLflow database tables...", fault tracebacks
+        logging.getLogger(name).setLevel(level)
     from mlflow.tracking import MlflowClient
 
     try:
-        return MlflowClient(tracking_uri=uri)
+        with store_faults(uri):
+            return Guarded(MlflowClient(tracking_uri=uri), uri)
     except MlflowException as err:
         raise StageError(f"{uri}: MLflow cannot open the store ({str(err).splitlines()[0]})") from None
 
 
+def fault_reason(err: BaseException) -> str | None:
+    """The one-line reason when ``err`` is the store or server failing (locked, corrupt, read-only, gone, not
+    MLflow), else None: MLflow's answers about runs (:data:`ANSWERS`) and bugs pass through unchanged."""
+    import requests
+    import sqlalchemy.exc
+    from mlflow.exceptions import MlflowException
+
+    if isinstance(err, MlflowException):
+        return None if err.error_code in ANSWERS else _first_line(err.message)
+    if isinstance(err, (sqlalchemy.exc.SQLAlchemyError, requests.RequestException, OSError, json.JSONDecodeError)):
+        line = _first_line(str(err))  # SQLAlchemy's own start "(sqlite3.DatabaseError) ..."
+        return line if line.startswith("(") else f"{type(err).__name__}: {line}"
+    return None
+
+
+def _first_line(message: object, limit: int = 300) -> str:
+    line = next((x.strip() for x in str(message).splitlines() if x.strip()), "no message")
+    return line if len(line) <= limit else f"{line[:limit]}..."
+
+
+@contextmanager
+def store_faults(uri: str) -> Iterator[None]:
+    """The boundary of every MLflow call: a store or server fault becomes ``tracking store <uri>: <reason>``."""
+    try:
+        yield
+    except StageError:
+        raise
+    except Exception as err:
+        if (reason := fault_reason(err)) is None:
+            raise
+        raise StageError(f"tracking store {uri}: {reason}") from None
+
+
+class Guarded:
+    """An ``MlflowClient`` whose every method call runs inside :func:`store_faults`."""
+
+    def __init__(self, client, uri: str):
+        self._client, self.uri = client, uri
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        @functools.wraps(attr)
+        def call(*args, **kwargs):
+            with store_faults(self.uri):
+                return attr(*args, **kwargs)
+        return call
+
+
 @contextmanager
 def _store_lock(uri: str) -> Iterator[None]:
+    """MLflow's sqlite store creation, under a lock with a bounded wait that names the lock file."""
     if uri.startswith("sqlite:///"):
         lock = Path(uri.removeprefix("sqlite:///") + ".lock")
         lock.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(lock):
-            yield
+        try:
+            with FileLock(lock, timeout=LOCK_TIMEOUT_S):
+                yield
+        except Timeout:
+            raise StageError(f"tracking store {uri}: {lock} held by another process for {LOCK_TIMEOUT_S} s "
+                             "(another stage creating the store, or a stuck one)") from None
     else:
         yield
 
@@ -219,6 +301,7 @@ class StageRun:
 
     def __init__(self, client, experiment_id: str, run_id: str, tags: dict[str, str]):
         self.client, self.experiment_id, self.run_id, self.tags = client, experiment_id, run_id, tags
+        self.running: set[str] = set()  # nested runs opened and not ended: ended with the stage if it fails
 
     def open(self, name: str, tags: dict[str, str], params: dict[str, Any], run_id: str | None = None) -> str:
         """A nested run (RUNNING), or the resumed ``run_id`` reopened; returns its id."""
@@ -227,11 +310,13 @@ class StageRun:
         if run_id is not None:
             try:
                 self.client.update_run(run_id, status="RUNNING")
+                self.running.add(run_id)
                 return run_id
             except MlflowException:
                 pass  # deleted, or from another store: start a new one
         all_tags = {**self.tags, **tags, "mlflow.parentRunId": self.run_id}
         run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
+        self.running.add(run.info.run_id)
         self.log(run.info.run_id, params=params)
         return run.info.run_id
 
@@ -266,13 +351,27 @@ class StageRun:
         return f"runs:/{run_id}/{f'{folder}/' if folder else ''}{path.name}"
 
     def finish(self, run_id: str) -> None:
-        self.client.set_terminated(run_id, "FINISHED")
+        self.end(run_id, "FINISHED")
 
     def fail(self, run_id: str) -> None:
-        self.client.set_terminated(run_id, "FAILED")
+        self.end(run_id, "FAILED")
 
     def kill(self, run_id: str) -> None:
-        self.client.set_terminated(run_id, "KILLED")
+        self.end(run_id, "KILLED")
+
+    def end(self, run_id: str, status: str) -> None:
+        self.client.set_terminated(run_id, status)
+        self.running.discard(run_id)
+
+    def end_all(self, status: str) -> None:
+        """End every nested run still open, then the parent, as ``status``: best effort, since the store may be
+        what failed (the stage's own error is the one reported; a run left behind is ended KILLED next time)."""
+        for run_id in [*sorted(self.running), self.run_id]:
+            try:
+                self.end(run_id, status)
+            except Exception as err:  # noqa: BLE001  the stage is already failing with its own error
+                if fault_reason(err) is None and not isinstance(err, StageError):
+                    raise
 
 
 @contextmanager
@@ -282,7 +381,7 @@ def stage_run(params: Params, stage: str, name: str, tags: dict[str, str] | None
 
     from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-    logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # start/stop banners say nothing
+    logging.getLogger("mlflow.system_metrics").setLevel(logging.ERROR)  # start/stop banners, its own store faults
     uri = check_store(params)
     exp_id = ensure_experiment(experiment_name(params, stage), uri)
     client = _client(uri)
@@ -292,15 +391,27 @@ def stage_run(params: Params, stage: str, name: str, tags: dict[str, str] | None
                                                            "pid": str(os.getpid())})
     run = StageRun(client, exp_id, parent.info.run_id, base)
     monitor = SystemMetricsMonitor(run.run_id, sampling_interval=5, tracking_uri=uri)
-    monitor.start()
+    with store_faults(uri):
+        monitor.start()
     try:
         yield run
-    except BaseException:
-        monitor.finish()
-        client.set_terminated(run.run_id, "FAILED")
+    except BaseException as err:
+        _quietly(monitor.finish)
+        # Ctrl-C: KILLED, like the runs an interrupted stage leaves (they resume); anything else FAILED.
+        run.end_all("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
         raise
-    monitor.finish()
+    with store_faults(uri):
+        monitor.finish()
     client.set_terminated(run.run_id, "FINISHED")
+
+
+def _quietly(fn) -> None:
+    """Call ``fn``, ignoring a store fault: used while a stage is already failing with its own error."""
+    try:
+        with store_faults(""):
+            fn()
+    except StageError:
+        pass
 
 
 def _alive(pid: str) -> bool:

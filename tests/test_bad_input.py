@@ -179,6 +179,22 @@ def tamper_labels(ws: Path) -> None:
     np.save(path, labels)
 
 
+def recode(encoding: str) -> Callable[[Path], None]:
+    """params.yaml's own text saved in another encoding."""
+    def apply(ws: Path) -> None:
+        path = ws / "params.yaml"
+        path.write_bytes(path.read_text().encode(encoding))
+    return apply
+
+
+def duplicate_recipe_lr(ws: Path) -> None:
+    """A second ``lr:`` inside train.recipe (yaml.safe_load would keep the later one)."""
+    path = ws / "params.yaml"
+    text = path.read_text()
+    assert text.count("\n  recipe:\n") == 1
+    path.write_text(text.replace("\n  recipe:\n", "\n  recipe:\n    lr: 0.5\n"))
+
+
 @dataclass(frozen=True)
 class Case:
     id: str
@@ -198,6 +214,16 @@ CASES = [
          ("params.yaml", "malformed YAML")),
     Case("params-missing", "generate", lambda ws: None, ("nope.yaml", "not found"), (("params", "nope.yaml"),)),
     Case("params-not-mapping", "slice", write("params.yaml", b"- 1\n- 2\n"), ("params.yaml", "top level")),
+    # params files that safe_load would take silently or with a traceback (one loader: pipeline.config.load_params)
+    Case("params-duplicate-key", "generate", append("params.yaml", b"seed: 1\n"),
+         ("params.yaml", "duplicate key 'seed'", "lines 1 and")),
+    Case("params-duplicate-nested-key", "train", duplicate_recipe_lr, ("params.yaml", "duplicate key 'lr'")),
+    Case("params-utf16", "slice", recode("utf-16"), ("params.yaml", "UTF-16")),
+    Case("params-utf16-no-bom", "budget", recode("utf-16-le"), ("params.yaml", "NUL bytes")),
+    Case("params-latin1", "train", append("params.yaml", b"# caf\xe9\n"),
+         ("params.yaml", "not UTF-8")),
+    Case("params-binary", "interface", write("params.yaml", bytes(range(256)) * 4), ("params.yaml", "NUL bytes")),
+    Case("params-directory", "teacher", lambda ws: None, ("data/tasks", "not a file"), (("params", "data/tasks"),)),
     # wrong types and values
     Case("unknown-key", "budget", edit("geometry.colour", 3), ("geometry.colour", "unknown key")),
     Case("lr-string", "train", edit("train.recipe.lr", "fast"), ("train.recipe.lr",)),
@@ -205,6 +231,26 @@ CASES = [
     Case("steps-bool", "teacher", edit("train.recipe.steps", True), ("train.recipe.steps",)),
     Case("batch-negative", "train", edit("train.recipe.batch_size", -4), ("train.recipe.batch_size",)),
     Case("warmup-too-long", "train", edit("train.recipe.warmup_steps", 50), ("train.recipe.warmup_steps",)),
+    # worker-only conditions, refused with the params (pipeline.config.Params._worker_limits)
+    Case("batch-above-train-size", "train", edit("train.recipe.batch_size", 129),
+         ("train.recipe.batch_size", "train.size = 128")),
+    Case("batch-above-grid-size", "train", both(edit("train.grids", {"small": {"sizes": [64]}}),
+                                                edit("train.recipe.batch_size", 65)),
+         ("train.recipe.batch_size", "train.grids.small.sizes = 64")),
+    Case("batch-above-teacher-set", "teacher", both(edit("slice.train_sizes", [64, 128, 160]),
+                                                    edit("distill.teacher_size", 160),
+                                                    edit("train.recipe.batch_size", 33)),
+         ("train.recipe.batch_size", "distill.teacher_size - train.size = 32")),
+    Case("seed-above-lightning", "generate", edit("seed", 2**32), ("seed", "4294967296", "seed range")),
+    Case("train-seed-above-lightning", "train", edit("train.seeds", [0, 2**32]), ("train.seeds", "seed range")),
+    Case("grid-seed-above-lightning", "train", edit("train.grids", {"more": {"seeds": [2**33]}}),
+         ("train.grids.more.seeds", "seed range")),
+    Case("teacher-seed-above-lightning", "teacher", edit("distill.teacher_seed", 2**32 + 5),
+         ("distill.teacher_seed", "seed range")),
+    # sizes the schema admits but no machine holds (Params._fits_in_memory)
+    Case("pool-beyond-memory", "generate", edit("tasks.alignment.n", 10**12), ("tasks.alignment.n", "GiB", "memory")),
+    Case("param-target-beyond-memory", "budget", edit("models.param_target", 10**13),
+         ("models.param_target", "GiB", "memory")),
     # impossible geometry
     Case("patch-not-dividing", "interface", edit("geometry.patch_size", 5), ("geometry.patch_size",)),
     Case("swin-window-too-big", "budget", edit("models.swin.window_size", 16), ("models.swin.window_size",)),
@@ -293,6 +339,16 @@ CASES = [
          env=(("MLFLOW_TRACKING_URI", "bogus://nowhere"),)),
     Case("env-tracking-uri-under-a-file", "teacher", lambda ws: None, ("params.yaml",),
          env=(("MLFLOW_TRACKING_URI", "sqlite:///{ws}/params.yaml/mlflow.db"),)),
+    # a named Dask cluster that cannot answer (pipeline.executor._connected): refused before any MLflow run
+    Case("dask-scheduler-unreachable", "train", lambda ws: None, ("DASK_SCHEDULER_ADDRESS", "tcp://127.0.0.1:9"),
+         env=(("DASK_SCHEDULER_ADDRESS", "tcp://127.0.0.1:9"),)),
+    Case("dask-scheduler-no-port", "teacher", edit("train.runtime.scheduler", "scheduler.example"),
+         ("train.runtime.scheduler", "no port")),
+    # tracking faults after the store check passes (pipeline.tracking.store_faults; more in test_tracking_faults.py)
+    Case("mlflow-db-truncated", "train", truncate("mlflow.db"),
+         ("tracking store sqlite:///", "mlflow.db", "malformed")),
+    Case("tracking-uri-in-memory", "teacher", edit("tracking.tracking_uri", "sqlite:///:memory:"),
+         ("tracking.tracking_uri", "keeps no runs")),
 ]
 
 
@@ -337,14 +393,19 @@ def test_bad_input(case, copy_workspace, capsys, monkeypatch):
     assert snapshot(ws) == files
 
 
-def run_stage(stage: str, args: list[str], ws: Path, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}"}
+def run_stage(stage: str, args: list[str], ws: Path, prefix: tuple[str, ...] = (),
+              extra_env: tuple[tuple[str, str], ...] = ()) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}",
+           **{name: value.format(ws=ws) for name, value in extra_env}}
     return subprocess.run([*prefix, sys.executable, "-m", f"pipeline.stages.{stage}", *args], env=env,
                           capture_output=True, text=True, timeout=600)  # a teacher trains first
 
 
 # The stages that import torch take ~10 s to start on 2 cores: those run with the slow tests.
-SUBPROCESS = {"yaml-malformed": [], "images-corrupt": [pytest.mark.slow], "teacher-tampered": [pytest.mark.slow]}
+SUBPROCESS = {"yaml-malformed": [], "images-corrupt": [pytest.mark.slow], "teacher-tampered": [pytest.mark.slow],
+              "params-duplicate-key": [], "params-utf16": [],
+              # MLflow's and Dask's own loggers and __del__ hooks print only in a real process
+              "mlflow-db-truncated": [pytest.mark.slow], "dask-scheduler-unreachable": [pytest.mark.slow]}
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=SUBPROCESS[c.id])
@@ -354,7 +415,8 @@ def test_bad_input_as_process(case, copy_workspace):
     ws = copy_workspace
     case.setup(ws)
     files = snapshot(ws)
-    proc = run_stage(case.stage, argv(case.stage, ws, **dict(case.args)), ws)
+    args = {k: (str(ws / v) if "/" in v else v) for k, v in case.args}
+    proc = run_stage(case.stage, argv(case.stage, ws, **args), ws, extra_env=case.env)
     assert proc.returncode == 2
     assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith("error: "), proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr

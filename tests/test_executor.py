@@ -183,3 +183,26 @@ def test_longest_runs_start_first(capsys):
     done = [name for (name, _), _ in map_runs(lambda i: i, items, cost=lambda i: i[1])]
     assert done == ["long", "mid", "short"]
     assert "run 3 of 3 done: ('short', 1)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("address", "reason"), [("tcp://127.0.0.1:9", "cannot connect within"),
+                                                 ("bogus://host:1", "unknown address scheme 'bogus'"),
+                                                 ("host-without-port", "no port in the address")])
+def test_named_cluster_that_cannot_answer_is_one_line(address, reason, monkeypatch):
+    """Refused before any MLflow run opens, and without a half-made Client whose __del__ prints at exit."""
+    from pipeline.errors import StageError
+
+    monkeypatch.setattr(executor, "SCHEDULER_TIMEOUT_S", 2)
+    with pytest.raises(StageError) as err, executor.dask_client(1, address):
+        pass
+    assert str(err.value).startswith(f"train.runtime.scheduler / $DASK_SCHEDULER_ADDRESS: no Dask scheduler at "
+                                     f"{address} (") and reason in str(err.value)
+
+
+def test_named_cluster_that_answers_is_used():
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=1, processes=False, protocol="tcp", host=executor.LOOPBACK,
+                      dashboard_address=None) as cluster, \
+            executor.dask_client(1, cluster.scheduler_address) as client:
+        assert client.submit(sum, [1, 2]).result() == 3

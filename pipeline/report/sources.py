@@ -10,7 +10,6 @@ validation), so every input of the report is a file DVC tracks.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -18,6 +17,10 @@ import numpy as np
 import pandas as pd
 
 from pipeline.errors import StageError
+from pipeline.io import read_json as read_checked
+
+# What the report needs of every metrics.json (other keys are optional, read where used).
+METRICS = {"task": str, "arch": str, "seed": int, "train_size": int, "test_acc": float}
 
 
 def read_metrics(root: Path | None, source: str) -> list[dict]:
@@ -26,13 +29,7 @@ def read_metrics(root: Path | None, source: str) -> list[dict]:
         return []
     out = []
     for path in sorted(root.rglob("metrics.json")):
-        try:
-            m = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise StageError(f"{path}: unreadable metrics ({err})") from None
-        missing = [k for k in ("task", "arch", "seed", "train_size", "test_acc") if k not in m]
-        if missing:
-            raise StageError(f"{path}: metrics lack {missing}")
+        m = read_checked(path, METRICS)
         pred = path.parent / "predictions.npz"
         k = m.get("num_classes")
         if k is None and pred.exists():  # older runs did not record it
@@ -147,16 +144,17 @@ def teacher_disagreement(teachers_dir: Path | None) -> dict[tuple[str, str], flo
         return {}
     out = {}
     for path in sorted(teachers_dir.glob("*/*/provenance.json")):
-        rate = _find_rate(json.loads(path.read_text()))
+        rate = _find_rate(read_checked(path))
         if rate is not None:
             out[(path.parent.parent.name, path.parent.name)] = rate
     return out
 
 
 def read_json(path: Path | None) -> dict | None:
+    """A JSON mapping, or None when the file is absent (that part of the study was not run)."""
     if path is None or not path.exists():
         return None
-    return json.loads(path.read_text())
+    return read_checked(path)
 
 
 def learning_histories(runs: pd.DataFrame, keys: tuple[str, ...] = ("train/loss", "val/acc")) -> pd.DataFrame:

@@ -48,6 +48,9 @@ def _run(fn: Callable[[list[str] | None], None], argv: list[str] | None) -> int:
     except (ConfigError, StageError) as err:
         print(f"error: {one_line(str(err))}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: outputs are atomic and MLflow runs ended KILLED, so no traceback to read
+        print("error: interrupted (every output is written whole or not at all; rerun to finish)", file=sys.stderr)
+        return 130
     except PermissionError as err:
         print(f"error: cannot write {err.filename}: permission denied", file=sys.stderr)
         return 2

@@ -1,0 +1,201 @@
+"""The strict params loader, the worker-only limits checked with the params, and JSON files read with a shape
+(pipeline.config.load_params, Params._worker_limits, pipeline.io.read_json). No workspace: each test is ms."""
+
+from __future__ import annotations
+
+import ast
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import tiny_repo
+
+from pipeline.config import SEED_MAX, load_params, parse_params
+from pipeline.errors import ConfigError, StageError
+from pipeline.io import read_json
+from pipeline.report.sources import read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def loaded(tmp_path: Path, text: str | bytes):
+    path = tmp_path / "p.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return load_params(path)
+
+
+def test_repository_params_load_with_the_strict_loader():
+    load_params(ROOT / "params.yaml")  # no duplicate key, UTF-8, within every worker limit
+
+
+def test_duplicate_key_names_the_key_and_both_lines(tmp_path):
+    with pytest.raises(ConfigError, match=r"p\.yaml: duplicate key 'b' at lines 2 and 4$"):
+        loaded(tmp_path, "a:\n  b: 1\n  c: 2\n  b: 3\n")
+
+
+def test_merge_key_override_is_not_a_duplicate(tmp_path):
+    # YAML's `<<` lets a mapping override what it merges: refused only later, by the schema (unknown keys)
+    with pytest.raises(ConfigError, match="unknown key|missing") as err:
+        loaded(tmp_path, "base: &b {k: 1}\nc:\n  <<: *b\n  k: 2\n")
+    assert "duplicate" not in str(err.value)
+
+
+@pytest.mark.parametrize(("content", "needle"), [
+    (b"\xff\xfes\x00e\x00", "UTF-16"), (b"seed: 0\x00\n", "NUL bytes"), (b"seed: \xe9\n", "not UTF-8 text (byte 6)"),
+    ("[" * 5000, "malformed YAML"),
+])
+def test_undecodable_params_are_one_line_naming_the_file(tmp_path, content, needle):
+    with pytest.raises(ConfigError, match="p.yaml") as err:
+        loaded(tmp_path, content)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_directory_and_missing_params(tmp_path):
+    with pytest.raises(ConfigError, match="not a file"):
+        load_params(tmp_path)
+    with pytest.raises(ConfigError, match="file not found"):
+        load_params(tmp_path / "nope.yaml")
+
+
+def test_every_stage_loads_params_through_load_params():
+    """No stage parses a params file itself: each calls parse_stage (-> load_params) or load_params, and only
+    stage_names (a progress line, never fatal) reads YAML directly."""
+    for module in sorted((ROOT / "pipeline/stages").glob("*.py")):
+        tree = ast.parse(module.read_text())
+        calls = {n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
+                 for n in ast.walk(tree) if isinstance(n, ast.Call)}
+        if "stage_main" in {getattr(d, "id", "") for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
+                            for d in f.decorator_list}:
+            assert calls & {"parse_stage", "load_params"}, module.name
+        direct = [n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                  and getattr(n.func.value, "id", "") == "yaml"]
+        assert not direct or module.name == "common.py", (module.name, direct)
+
+
+def tiny(**changes) -> dict:
+    params = tiny_repo.params_with()
+    for key, value in changes.items():
+        *parents, last = key.split("__")
+        node = params
+        for k in parents:
+            node = node[k]
+        node[last] = value
+    return params
+
+
+def test_limits_are_inclusive():
+    base = tiny()
+    smallest = min(base["train"]["size"], *(s for g in base["train"]["grids"].values() for s in g.get("sizes", [])))
+    parse_params(tiny(train__recipe__batch_size=smallest, seed=SEED_MAX, distill__teacher_seed=SEED_MAX,
+                      train__seeds=[0, SEED_MAX]))
+    with pytest.raises(ConfigError, match="train.recipe.batch_size"):
+        parse_params(tiny(train__recipe__batch_size=smallest + 1))
+
+
+def test_teacher_set_ignored_without_teachers():
+    raw = tiny(slice__train_sizes=[64, 128, 160], distill__teacher_size=160, train__recipe__batch_size=40)
+    with pytest.raises(ConfigError, match="distill.teacher_size - train.size = 32"):
+        parse_params(copy.deepcopy(raw))
+    raw["distill"].update(teachers={}, students={})
+    parse_params(raw)
+
+
+SHAPE = {"task": str, "seed": int, "acc": float, "sha256.images": str}
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (None, "m.json: missing"),
+    (b"{", "m.json: not JSON (Expecting property name enclosed in double quotes at line 1)"),
+    (b"\xff\x00\x01", "m.json: not JSON ("),
+    (b"[1, 2]", "m.json: should hold a JSON object (a mapping), not a list"),
+    (b'{"task": "a", "seed": 0, "acc": 0.5}', "m.json: missing key 'sha256'"),
+    (b'{"task": "a", "seed": 0, "acc": 0.5, "sha256": []}', "m.json: 'sha256' should be a mapping"),
+    (b'{"task": "a", "seed": 0, "acc": 0.5, "sha256": {}}', "m.json: missing key 'sha256.images'"),
+    (b'{"task": "a", "seed": true, "acc": 0.5, "sha256": {"images": "x"}}',
+     "m.json: 'seed' should be an integer, not true or false"),
+    (b'{"task": "a", "seed": 0, "acc": null, "sha256": {"images": "x"}}', "m.json: 'acc' should be a number, not null"),
+])
+def test_read_json_refuses_each_shape_in_one_line(tmp_path, content, message):
+    path = tmp_path / "m.json"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(StageError) as err:
+        read_json(path, SHAPE)
+    assert str(err.value).startswith(str(tmp_path / message)) and "\n" not in str(err.value), err.value
+
+
+def test_read_json_returns_the_mapping(tmp_path):
+    rec = {"task": "a", "seed": 1, "acc": 1, "sha256": {"images": "x"}, "extra": [1]}
+    (tmp_path / "m.json").write_text(json.dumps(rec))
+    assert read_json(tmp_path / "m.json", SHAPE) == rec
+    with pytest.raises(StageError, match="unreadable"):
+        read_json(tmp_path, SHAPE)  # a folder
+
+
+@pytest.mark.parametrize(("metrics", "message"), [
+    ({"task": "alignment", "arch": "vit", "seed": 0, "train_size": 128}, "missing key 'test_acc'"),
+    ({"task": "alignment", "arch": "vit", "seed": "0", "train_size": 128, "test_acc": 0.5},
+     "'seed' should be an integer, not a string"),
+    ([], "should hold a JSON object"),
+])
+def test_report_refuses_metrics_of_the_wrong_shape(tmp_path, metrics, message):
+    path = tmp_path / "vit/alignment/n128/metrics.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(metrics))
+    with pytest.raises(StageError, match=message) as err:
+        read_metrics(tmp_path, "runs")
+    assert str(path) in str(err.value)
+
+
+# JSON readers that still parse without a shape: frozen train-side code (issue 31), to move to io.read_json with a
+# `required` shape. A new reader fails the test below until it uses read_json (or is listed here, with why).
+UNCHECKED_JSON_READERS = {
+    ("pipeline/experiment.py", "load_split"),  # meta.json, manifest.json
+    ("pipeline/experiment.py", "finished"),  # a run's metrics.json
+    ("pipeline/experiment.py", "prepare_ckpt"),  # a checkpoint's config.json
+    ("pipeline/provenance.py", "read_teacher"),  # a teacher's provenance.json
+    ("pipeline/stages/slice.py", "load_task"),  # meta.json
+}
+
+
+class JsonReaders(ast.NodeVisitor):
+    """(function, line) of every json.load/json.loads call, named by its innermost function."""
+
+    def __init__(self):
+        self.stack, self.found = ["<module>"], []
+
+    def visit_FunctionDef(self, node):
+        self.stack.append(node.name)
+        self.generic_visit(node)
+        self.stack.pop()
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_Call(self, node):
+        f = node.func
+        if isinstance(f, ast.Attribute) and getattr(f.value, "id", "") == "json" and f.attr in ("load", "loads"):
+            self.found.append((self.stack[-1], node.lineno))
+        self.generic_visit(node)
+
+
+def test_every_json_reader_checks_a_shape():
+    readers = set()
+    for module in sorted((ROOT / "pipeline").rglob("*.py")):
+        visitor = JsonReaders()
+        visitor.visit(ast.parse(module.read_text()))
+        readers |= {(str(module.relative_to(ROOT)), name) for name, _ in visitor.found}
+    readers.discard(("pipeline/io.py", "read_json"))
+    assert readers == UNCHECKED_JSON_READERS, "read it with pipeline.io.read_json(path, required={...})"
+
+
+def test_interrupted_stage_is_one_line(capsys):
+    from pipeline.stages.common import stage_main
+
+    @stage_main
+    def main(argv):
+        raise KeyboardInterrupt
+
+    assert main([]) == 130
+    assert capsys.readouterr().err.splitlines() == [
+        "error: interrupted (every output is written whole or not at all; rerun to finish)"]
