@@ -186,3 +186,18 @@ def test_every_contrast_declares_a_margin_within_its_anchor():
     assert default <= anchored.anchor.min()
     with pytest.raises(ValueError, match="smallest anchored effect"):
         ledger.check_margins(ledger.CONTRASTS, 0.03)  # the old single margin contained Swin's +0.011
+
+
+def test_learned_arms_are_decided_in_one_family():
+    ood = np.arange(0, N, 4)
+    runs, items = _tiny("alignment", {"resnet": 0.97, "vit": 0.85}, {"slice/ood": ood,
+                                                                    "slice/id": np.setdiff1d(np.arange(N), ood)})
+    led = ledger.judge(_params({"resnet": ["alignment"], "vit": ["alignment"]}), runs, items, {}, {}, 0)
+    row = led.set_index("id").loc["alignment.resnet_vs_vit.alignment"]
+    assert row.reason == "" and row.verdict == "held" and row.ci_lo > 0 and row.p_holm < 0.05
+    # the family: this row's directional t and its TOST, nothing else (Holm: the smaller x 2, the larger x 1)
+    assert row.p_holm == pytest.approx(min(1.0, 2 * row.p))
+    assert row.p_tost_holm == pytest.approx(max(row.p_holm, row.p_tost))
+    assert row.item_se > 0 and row.ci_method == "seed-level paired t (5 seeds)"
+    assert {"margin", "margin_reason", "reason", "ci_method", "p_tost", "seeds_needed", "needs_seeds", "floor_lo",
+            "floor_hi", "analytic_floor", "in_a", "in_b", "item_se"} <= set(led.columns)
