@@ -201,3 +201,12 @@ def test_learned_arms_are_decided_in_one_family():
     assert row.item_se > 0 and row.ci_method == "seed-level paired t (5 seeds)"
     assert {"margin", "margin_reason", "reason", "ci_method", "p_tost", "seeds_needed", "needs_seeds", "floor_lo",
             "floor_hi", "analytic_floor", "in_a", "in_b", "item_se"} <= set(led.columns)
+
+
+def test_one_seed_rows_are_underpowered_without_an_invented_number():
+    ood = np.arange(0, N, 4)
+    runs, items = _tiny("alignment", {"resnet": 0.97, "vit": 0.85}, {"slice/ood": ood}, seeds=1)
+    led = ledger.judge(_params({"resnet": ["alignment"], "vit": ["alignment"]}), runs, items, {}, {}, 0)
+    row = led.set_index("id").loc["alignment.resnet_vs_vit.alignment"]
+    assert row.verdict == "underpowered" and row.needs_seeds.startswith("2+ (one seed")
+    assert np.isnan(row.ci_lo) and np.isnan(row.p) and pd.isna(row.seeds_needed)

@@ -34,8 +34,8 @@ from pipeline.report import cells, stats
 def _contrasts(path: Path) -> tuple[dict, ...]:
     """The minimal-pair predictions (``contrasts.csv``): ``a - b`` on ``subset`` of each task, ``expect`` "+"
     (a beats b) or "0" (no effect), with its equivalence ``margin`` and why (``margin_reason``), and the
-    literature effect it is about (``anchor``, empty when none). A row's finding (which groups rows for the README) and its task are its
-    id's prefix; the ``distill.*`` rows run on every task in ``distill.tasks``."""
+    literature effect it is about (``anchor``, empty when none). A row's finding (which groups rows for the
+    README) and its task are its id's prefix; the ``distill.*`` rows run on every task in ``distill.tasks``."""
     rows = []
     for r in pd.read_csv(path, dtype=str, keep_default_na=False).to_dict("records"):
         prefix = r["id"].split(".")[0]
@@ -372,9 +372,18 @@ def _verdict(r: dict, alpha: float) -> str:
     return "equivalent" if r["expect"] == "+" and r["p_tost_holm"] < alpha else "underpowered"
 
 
+def _needs_text(verdict: str, needed: int | None, seeds: int, cap: int) -> str:
+    if verdict != "underpowered":
+        return ""
+    if seeds < 2:
+        return "2+ (one seed: no seed-level variance to size from)"
+    return str(needed) if needed is not None else f">{cap}"
+
+
 def decide(table: pd.DataFrame, rp) -> pd.DataFrame:
-    """The gate, one Holm family over every decision test of the decided rows, each row's verdict and, if
-    underpowered, the seeds needed for rp.power at its Holm level (``needs_seeds`` as text, capped)."""
+    """One Holm family over every decision test of the decided rows (those that ran, are not exact and have
+    no gate ``reason``), each row's verdict and, if underpowered, the seeds needed for rp.power at its Holm
+    level (``needs_seeds`` as text: capped at ">max_seeds"; a one-seed row has no variance to size from)."""
     alpha = 1 - rp.confidence
     t = table.copy().reset_index(drop=True)
     t["decided"] = (t.seeds > 0) & (t.kind != "exact") & (t.reason == "")
@@ -402,8 +411,8 @@ def decide(table: pd.DataFrame, rp) -> pd.DataFrame:
         verdicts.append(v)
     t["verdict"] = verdicts
     t["seeds_needed"] = pd.array(needed, dtype="Int64")
-    t["needs_seeds"] = [("" if v != "underpowered" else str(n) if n is not None else f">{rp.max_seeds}")
-                        for v, n in zip(verdicts, needed, strict=True)]
+    t["needs_seeds"] = [_needs_text(v, n, seeds, rp.max_seeds)
+                        for v, n, seeds in zip(verdicts, needed, t.seeds, strict=True)]
     return t.drop(columns=["decided"])
 
 
