@@ -285,16 +285,25 @@ class Distill(Section):
 
 
 # --------------------------------------------------------------------------- report
+TaskName = Literal["alignment", "scale", "relation", "arrangement", "natural"]
 class Report(Section):
     """How the ``report`` stage summarises runs and judges the prediction ledger (pipeline/report)."""
 
     confidence: Annotated[float, Field(gt=0.5, lt=1)]  # interval level; Holm's alpha = 1 - confidence
-    # "No effect": a paired difference whose whole interval lies within +-margin (accuracy points).
+    # TOST margin of the rows without one of their own in contrasts.csv (the budget rows); the ledger refuses a
+    # value above the smallest literature effect a contrast is anchored to.
     equivalence_margin: Annotated[float, Field(gt=0, lt=1)]
-    bootstrap_samples: Annotated[int, Field(ge=100)]  # hierarchical bootstrap replicates (seeded by `seed`)
+    bootstrap_samples: Annotated[int, Field(ge=100)]  # item-bootstrap replicates of the within-seed precision
     escape_threshold: Annotated[float, Field(gt=0, le=1)]  # a seed "escapes" when its test accuracy reaches this
     min_seeds_bimodal: Annotated[int, Field(ge=2)]  # a bimodal cell with fewer seeds is flagged "needs more seeds"
     collision_items: PosInt  # test images per (task, seed) in the trained-weights collision check
+    # An arm learned a task when its in-distribution accuracy >= base + learn_fraction x (1 - base), base =
+    # max(chance, shortcut floor, analytic bound); learn_fraction_tasks overrides it per task.
+    learn_fraction: Annotated[float, Field(gt=0, lt=1)]
+    learn_fraction_tasks: dict[TaskName, Annotated[float, Field(gt=0, lt=1)]]
+    ceiling_tol: Annotated[float, Field(gt=0, lt=0.5)]  # both arms >= 1 - this (or <= chance + this): uninformative
+    power: Annotated[float, Field(gt=0.5, lt=1)]  # target power of "seeds needed"
+    max_seeds: Annotated[int, Field(ge=2)]  # seeds needed above this are reported as "> max_seeds"
 
 
 # --------------------------------------------------------------------------- tracking
@@ -305,7 +314,6 @@ class Tracking(Section):
 
 
 # --------------------------------------------------------------------------- tasks (level 2 data) and slicing
-TaskName = Literal["alignment", "scale", "relation", "arrangement", "natural"]
 Range = Annotated[list[NonNegInt], Field(min_length=2, max_length=2)]  # [lo, hi], inclusive
 
 

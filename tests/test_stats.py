@@ -42,33 +42,31 @@ def test_intervals_stay_in_unit_range_and_empty_is_nan():
     assert all(math.isnan(v) for v in stats.wilson(0, 0))
 
 
-def test_hierarchical_mean_is_deterministic_and_bounded():
+def test_item_precision_is_deterministic_and_shrinks_with_items():
     rng = np.random.default_rng(0)
-    m = rng.random((5, 400)) < 0.7
-    a = stats.hierarchical_mean(m, reps=500, seed=3)
-    assert a == stats.hierarchical_mean(m, reps=500, seed=3)
-    assert a["estimate"] == pytest.approx(m.mean())
-    assert 0.0 <= a["ci_lo"] < a["estimate"] < a["ci_hi"] <= 1.0
-    ones = stats.hierarchical_mean(np.ones((1, 10)), reps=200, seed=0)  # p = 1, one seed
-    assert (ones["ci_lo"], ones["ci_hi"]) == (1.0, 1.0)
+    a, b = rng.random((5, 400)) < 0.7, rng.random((5, 400)) < 0.6
+    se = stats.item_precision(a, b, reps=500, seed=3)
+    assert se == stats.item_precision(a, b, reps=500, seed=3)
+    # the sd of a mean of 400 paired differences of independent 0/1 items: sqrt((0.21 + 0.24 + 0.01) / 400)
+    assert se == pytest.approx(math.sqrt(0.46 / 400), rel=0.15)
+    assert stats.item_precision(a, a, reps=100, seed=0) == 0.0
 
 
-def test_paired_difference_recovers_a_known_difference():
+def test_paired_seeds_recovers_a_known_difference():
     # Shared item difficulty (items a model gets right), the same for both arms: the pairing removes it.
     rng = np.random.default_rng(1)
     easy = rng.random(2000) < 0.6
     b = np.tile(easy, (5, 1))
     a = b.copy()
-    flip = np.flatnonzero(~easy)[:200]  # a also gets 200 of the hard items right: +0.1 exactly
+    flip = np.flatnonzero(~easy)[:200]  # a also gets 200 of the hard items right: +0.1 exactly, every seed
     a[:, flip] = True
-    d = stats.paired_difference(a, b, reps=1000, seed=0)
-    assert d["estimate"] == pytest.approx(0.1)
-    assert d["ci_lo"] < 0.1 < d["ci_hi"] and d["ci_hi"] - d["ci_lo"] < 0.04
-    assert d["p"] == pytest.approx(1 / 1001)
-    same = stats.paired_difference(b, b, reps=200, seed=0)
-    assert (same["estimate"], same["ci_lo"], same["ci_hi"]) == (0.0, 0.0, 0.0)
+    d = stats.paired_seeds(a, b)
+    assert (d["estimate"], d["ci_lo"], d["ci_hi"], d["sd"]) == pytest.approx((0.1, 0.1, 0.1, 0.0))
+    assert d["p"] == 0.0  # no spread over five seeds: decided by the side the mean is on
+    same = stats.paired_seeds(b, b)
+    assert (same["estimate"], same["ci_lo"], same["ci_hi"], same["p"]) == (0.0, 0.0, 0.0, 1.0)
     with pytest.raises(ValueError, match="shapes differ"):
-        stats.paired_difference(a, b[:3], reps=10, seed=0)
+        stats.paired_seeds(a, b[:3])
 
 
 def test_holm_textbook_example():
@@ -78,22 +76,28 @@ def test_holm_textbook_example():
     assert np.isnan(stats.holm([np.nan, 0.5])[0]) and stats.holm([np.nan, 0.5])[1] == 0.5
 
 
-@pytest.mark.parametrize("lo, hi, p, expect, verdict", [
-    (-0.01, 0.015, 0.6, "+", "equivalent"),  # the whole CI within +-0.02: no effect
-    (0.05, 0.15, 0.001, "+", "held"),
-    (-0.15, -0.05, 0.001, "+", "failed"),
-    (-0.05, 0.15, 0.3, "+", "underpowered"),
-    (0.05, 0.15, 0.2, "+", "underpowered"),  # excluded 0 alone, not after Holm
-    (-0.01, 0.01, 0.9, "0", "held"),
-    (0.05, 0.15, 0.001, "0", "failed"),
-    (-0.2, 0.01, 0.01, "<=", "held"),  # at or below the floor
-    (0.05, 0.15, 0.001, "<=", "failed"),  # clearly above it
+@pytest.mark.parametrize("expect, estimate, p_holm, p_tost_holm, p_out_holm, verdict", [
+    ("+", 0.05, 0.001, 1.0, math.nan, "held"),
+    ("+", -0.05, 0.001, 1.0, math.nan, "failed"),  # significant, the wrong way
+    ("+", 0.002, 0.6, 0.01, math.nan, "equivalent"),  # TOST within the margin: no effect
+    ("+", 0.05, 0.2, 0.9, math.nan, "underpowered"),
+    ("0", 0.001, 0.01, 0.01, 1.0, "held"),
+    ("0", 0.2, 0.01, 1.0, 0.001, "failed"),  # outside the margin, significantly
+    ("0", 0.01, 0.5, 0.3, 0.4, "underpowered"),
 ])
-def test_verdicts(lo, hi, p, expect, verdict):
-    assert stats.verdict(lo, hi, p, expect, margin=0.02, alpha=0.05) == verdict
+def test_verdicts(expect, estimate, p_holm, p_tost_holm, p_out_holm, verdict):
+    from pipeline.report.ledger import _verdict
+
+    r = {"expect": expect, "estimate": estimate, "p_holm": p_holm, "p_tost_holm": p_tost_holm,
+         "p_out_holm": p_out_holm}
+    assert _verdict(r, alpha=0.05) == verdict
 
 
-def test_seeds_needed_scales_with_the_interval():
-    # half-width 0.1 at 5 seeds, estimate 0.05, margin 0.02: target max(0.05, -0.03) = 0.05 -> 5 * 4 = 20
-    assert stats.seeds_needed(5, -0.05, 0.15, 0.05, 0.02) == 20
-    assert stats.seeds_needed(5, 0.04, 0.06, 0.05, 0.02) == 6  # already decisive: at least one more
+@pytest.mark.parametrize("acc, p_holm, verdict", [(0.4, 0.001, "held"), (0.9, 0.001, "failed"),
+                                                   (0.55, 0.3, "underpowered")])
+def test_floor_verdicts_use_the_floor_bound(acc, p_holm, verdict):
+    from pipeline.report.ledger import _verdict
+
+    r = {"expect": "<=", "estimate": acc - 0.5, "acc_a": acc, "floor_bound": 0.56, "p_holm": p_holm,
+         "p_tost_holm": math.nan, "p_out_holm": math.nan}
+    assert _verdict(r, alpha=0.05) == verdict

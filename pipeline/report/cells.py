@@ -39,9 +39,10 @@ class Items:
         return None if pool is None else pool["subsets"].get(name)
 
     def matrix(self, rows: pd.DataFrame, subset: np.ndarray | None = None,
-               seeds: list[int] | None = None) -> tuple[list[int], np.ndarray] | None:
+               seeds: list[int] | None = None, with_index: bool = False) -> tuple | None:
         """(seeds, seeds x items 0/1 matrix) of the runs ``rows`` (one cell), optionally restricted to pool
-        indices ``subset`` and to ``seeds``; items = those every selected run predicted. None if no data."""
+        indices ``subset`` and to ``seeds``; items = those every selected run predicted. None if no data.
+        ``with_index`` adds the items' pool indices (to group twin pairs)."""
         rows = rows.sort_values("seed")
         if seeds is not None:
             rows = rows[rows.seed.isin(seeds)]
@@ -54,7 +55,8 @@ class Items:
         if not len(common):
             return None
         mat = np.stack([_take(index, correct, common) for index, correct, _ in got])
-        return [int(s) for s in rows.seed], mat.astype(float)
+        out = [int(s) for s in rows.seed], mat.astype(float)
+        return (*out, common) if with_index else out
 
 
 def _take(index: np.ndarray, values: np.ndarray, wanted: np.ndarray) -> np.ndarray:
@@ -81,17 +83,22 @@ def select(runs: pd.DataFrame, task: str, arch: str, config: dict) -> pd.DataFra
     return runs[sel]
 
 
+def seed_accuracy(per_seed, level: float) -> dict:
+    """Mean accuracy over seeds with its seed-level t interval (clipped to [0, 1]); NaN interval for one seed."""
+    b = stats.seed_interval(per_seed, level, bounds=(0.0, 1.0))
+    return {"mean": b["estimate"], "ci_lo": b["ci_lo"], "ci_hi": b["ci_hi"]}
+
+
 def cell_summary(rows: pd.DataFrame, items: Items, rp, seed: int) -> dict:
-    """Mean, hierarchical-bootstrap CI, k of n seeds >= escape threshold (Clopper-Pearson), bimodality."""
-    accs = rows["test_acc"].to_numpy(dtype=float)
+    """Mean, seed-level t CI, k of n seeds >= escape threshold (Clopper-Pearson), bimodality. The per-seed
+    accuracy is the seed's mean over the shared test items (or its recorded test_acc without item data)."""
+    accs = rows.sort_values("seed")["test_acc"].to_numpy(dtype=float)
     n, k = len(accs), int((accs >= rp.escape_threshold).sum())
     cp_lo, cp_hi = stats.clopper_pearson(k, n, rp.confidence)
     got = items.matrix(rows)
-    if got is not None:
-        b = stats.hierarchical_mean(got[1], rp.bootstrap_samples, seed, rp.confidence)
-        mean, lo, hi, n_items = b["estimate"], b["ci_lo"], b["ci_hi"], b["items"]
-    else:  # no item data (no predictions or no pool): the point estimate only, no invented interval
-        mean, lo, hi, n_items = float(accs.mean()), math.nan, math.nan, 0
+    per_seed, n_items = (got[1].mean(axis=1), got[1].shape[1]) if got is not None else (accs, 0)
+    b = seed_accuracy(per_seed, rp.confidence)
+    mean, lo, hi = b["mean"], b["ci_lo"], b["ci_hi"]
     bimodal = 0 < k < n
     note = ("bimodal: needs more seeds" if bimodal and n < rp.min_seeds_bimodal else
             "bimodal" if bimodal else "")
@@ -119,14 +126,13 @@ def size_cells(cell_tab: pd.DataFrame, config: dict) -> pd.DataFrame:
 
 
 def slice_summary(rows: pd.DataFrame, items: Items, task: str, rp, seed: int) -> list[dict]:
-    """Per test slice of one cell: hierarchical-bootstrap mean and CI on the slice's items."""
+    """Per test slice of one cell: mean over seeds and its seed-level t CI on the slice's items."""
     out = []
     for name, idx in sorted((items.pools.get(task) or {}).get("subsets", {}).items()):
         if name == "test" or (got := items.matrix(rows, idx)) is None:
             continue
-        b = stats.hierarchical_mean(got[1], rp.bootstrap_samples, seed, rp.confidence)
-        out.append({"slice": name, "n": b["seeds"], "mean": b["estimate"], "ci_lo": b["ci_lo"],
-                    "ci_hi": b["ci_hi"], "items": b["items"]})
+        out.append({"slice": name, "n": got[1].shape[0], **seed_accuracy(got[1].mean(axis=1), rp.confidence),
+                    "items": got[1].shape[1]})
     return out
 
 

@@ -4,14 +4,19 @@ What is predicted is data (``contrasts.csv``, :data:`FLOOR_ROWS`), fixed before 
 exists only when both of its arms are configured in params (a pair that is not configured is not a row, so
 nothing is "untestable"). Every row is judged on item-level results:
 
-- ``paired``: ``a - b`` on the same test items with the same seeds, hierarchical-bootstrap CI and p-value;
-- ``floor``: ``a - floor`` where floor = the task's strongest shortcut baseline (data/shortcuts/<task>/floors.json):
-  a structural limit predicts "at the shortcut floor", not "chance" (every readout here sums per-token terms);
+- ``paired``: ``a - b`` on the same test items with the same seeds: per seed the difference of mean accuracy
+  (twin pairs averaged first), then a seed-level paired t interval, a directional t test and TOST against the
+  row's margin; decided only when both arms learned in distribution and are not both at the ceiling or at
+  chance on the compared slice (:func:`gate`), else "uninformative" with the reason in words;
+- ``floor``: ``a - floor`` where floor = the task's strongest shortcut baseline (data/shortcuts/<task>/floors.json),
+  judged against the floor's upper bound (Wilson on its n items, or the analytic bound where higher): a
+  structural limit predicts "at the shortcut floor", not "chance" (every readout here sums per-token terms);
 - ``exact``: algebra judged exactly, not by an interval (vit_nopos: twin logits equal, so accuracy on complete
   twin pairs is exactly 0.5).
 
-Holm's correction runs over every row with a p-value; each row ends held / failed / equivalent /
-underpowered (with the seeds needed) -- or "not run" when its runs are missing.
+One Holm family holds every decision test of the decided rows (:func:`family`); each row ends held / failed /
+equivalent / uninformative / underpowered (with the seeds needed for the target power) -- or "not run" when
+its runs are missing.
 """
 
 from __future__ import annotations
@@ -28,31 +33,55 @@ from pipeline.report import cells, stats
 
 def _contrasts(path: Path) -> tuple[dict, ...]:
     """The minimal-pair predictions (``contrasts.csv``): ``a - b`` on ``subset`` of each task, ``expect`` "+"
-    (a beats b) or "0" (no effect). A row's finding (which groups rows for the README) and its task are its
-    id's prefix; the ``distill.*`` rows run on every task in ``distill.tasks``."""
+    (a beats b) or "0" (no effect), with its equivalence ``margin`` and why (``margin_reason``), and the
+    literature effect it is about (``anchor``, empty when none). A row's finding (which groups rows for the
+    README) and its task are its id's prefix; the ``distill.*`` rows run on every task in ``distill.tasks``."""
     rows = []
     for r in pd.read_csv(path, dtype=str, keep_default_na=False).to_dict("records"):
         prefix = r["id"].split(".")[0]
         finding, tasks = ("distillation", None) if prefix == "distill" else (prefix, (prefix,))
         rows.append({"id": r["id"], "finding": finding, "a": r["a"], "b": r["b"], "tasks": tasks,
-                     "subset": r["subset"], "expect": r["expect"], "isolates": r["isolates"]})
+                     "subset": r["subset"], "expect": r["expect"], "isolates": r["isolates"],
+                     "margin": float(r["margin"]), "margin_reason": r["margin_reason"],
+                     "anchor": float(r["anchor"]) if r["anchor"] else math.nan})
     return tuple(rows)
 
 
 CONTRASTS = _contrasts(Path(__file__).with_name("contrasts.csv"))
+# Analytic bounds beside the fitted floors, keyed by task. relation: the label is an A x B interaction of two
+# marks' colours over 8 colour configurations; the best rule without an A x B term (any additive score of A's
+# and B's colour) gets at most 6 of the 8 right, so 0.75 bounds every model that cannot join the two marks.
+ANALYTIC_FLOORS = {"relation": 0.75}
+# Floor rows are judged against the floor's upper bound (its Wilson bound, or the analytic bound where
+# higher), which already allows for the floor's own error: no margin on top.
+FLOOR_MARGIN = {"margin": 0.0, "margin_reason": "none: judged against the floor's upper bound"}
 # Predicted "at the shortcut floor" (one arm vs the task's floor; `exclude` = baselines that are the arm itself).
 FLOOR_ROWS = (
     {"id": "reach.swin_local", "finding": "relation", "a": "swin_local", "tasks": ("relation",),
      "subset": "slice/window=cross", "exclude": (),
-     "isolates": "reachability: one windowed stage without shift never joins marks in different windows"},
+     "isolates": "reachability: one windowed stage without shift never joins marks in different windows",
+     **FLOOR_MARGIN},
     {"id": "floor.nomix", "finding": "floors", "a": "nomix", "tasks": ("alignment", "scale", "relation",
                                                                         "arrangement", "natural"),
-     "subset": "test", "exclude": ("nomix",), "isolates": "no token mixing at all"},
+     "subset": "test", "exclude": ("nomix",), "isolates": "no token mixing at all", **FLOOR_MARGIN},
 )
-VERDICTS = ("held", "failed", "equivalent", "underpowered", "not run")
+VERDICTS = ("held", "failed", "equivalent", "uninformative", "underpowered", "not run")
 # The README's findings, in this order (at most five are shown).
 FINDINGS = ("alignment", "arrangement", "relation", "distillation", "natural", "scale", "budget", "collisions",
             "floors")
+
+
+def check_margins(contrasts, default: float) -> None:
+    """Every contrast has a positive margin and its reason; none (and not the default, which budget rows use)
+    exceeds the smallest literature effect a row is about, or "equivalent" could contain that effect."""
+    anchors = [c["anchor"] for c in contrasts if c["anchor"] == c["anchor"]]
+    for c in contrasts:
+        if not (c["margin"] > 0 and c["margin_reason"]):
+            raise ValueError(f"contrasts.csv: {c['id']} needs a positive margin and its reason")
+        if c["margin"] > c["anchor"]:
+            raise ValueError(f"contrasts.csv: {c['id']} margin {c['margin']} exceeds its anchored effect {c['anchor']}")
+    if anchors and default > min(anchors):
+        raise ValueError(f"report.equivalence_margin: {default} exceeds the smallest anchored effect {min(anchors)}")
 
 
 def configured_cells(params) -> dict[str, set[str]]:
@@ -167,32 +196,129 @@ def floor_of(floors: dict, task: str, exclude: tuple[str, ...] = ()) -> tuple[fl
     return float(best), name
 
 
+def floor_interval(floors: dict, task: str, name: str, level: float) -> tuple[float, float]:
+    """Wilson interval of the floor baseline's accuracy on its n test items (the floor is an estimate from one
+    test set); NaN when floors.json gives no n."""
+    rec = ((floors.get(task) or {}).get("baselines") or {}).get(name) or {}
+    if "n" not in rec:
+        return math.nan, math.nan
+    n = int(rec["n"])
+    return stats.wilson(round(float(rec["acc"]) * n), n, level)
+
+
+def chance_of(floors: dict, runs: pd.DataFrame, task: str) -> float:
+    """The task's chance: floors.json's (the majority share of the test labels), else 1 / classes."""
+    if "chance" in (floors.get(task) or {}):
+        return float(floors[task]["chance"])
+    classes = pd.to_numeric(runs.loc[runs.task == task, "num_classes"], errors="coerce").max()
+    return 1 / float(classes) if classes == classes and classes > 0 else math.nan
+
+
+def learn_threshold(chance: float, floor: float, analytic: float, fraction: float) -> float:
+    """In-distribution accuracy an arm needs to count as having learned the task: base + fraction x (1 - base),
+    base = the best of chance, the fitted shortcut floor and the analytic bound (NaNs ignored)."""
+    base = max((v for v in (chance, floor, analytic) if v == v), default=math.nan)
+    return base + fraction * (1 - base)
+
+
+def gate(row: dict, m: dict, tol: float) -> str:
+    """Why a paired row cannot be decided ("" when it can): an arm that did not learn in distribution, or both
+    arms at the ceiling, or both at (or below) chance, on the compared slice. Floor and exact rows are not
+    gated (a floor prediction is about not learning); a budget row (one arch, two budgets) only by the ceiling."""
+    if row["kind"] != "paired" or not m.get("seeds"):
+        return ""
+    reasons = []
+    if row["finding"] != "budget":
+        for arm, acc in ((row["a"], m["in_a"]), (row["b"], m["in_b"])):
+            if not acc >= m["learn_at"]:
+                reasons.append(f"{arm} did not learn: in-distribution {acc:.3f} (needs >= {m['learn_at']:.3f})")
+    a, b = m["acc_a"], m["acc_b"]
+    if a >= 1 - tol and b >= 1 - tol:
+        reasons.append(f"both at ceiling on {row['subset']}: {a:.3f} and {b:.3f}")
+    elif row["finding"] != "budget" and a <= m["chance"] + tol and b <= m["chance"] + tol:
+        reasons.append(f"both at chance on {row['subset']}: {a:.3f} and {b:.3f} (chance {m['chance']:.3f})")
+    return "; ".join(reasons)
+
+
 def _empty(row: dict) -> dict:
-    return {"seeds": 0, "items": 0, "estimate": math.nan, "ci_lo": math.nan, "ci_hi": math.nan, "p": math.nan}
+    return {"seeds": 0, "items": 0, "estimate": math.nan, "ci_lo": math.nan, "ci_hi": math.nan, "p": math.nan,
+            "p_tost": math.nan, "p_out": math.nan, "seed_sd": math.nan, "item_se": math.nan, "acc_a": math.nan,
+            "acc_b": math.nan, "in_a": math.nan, "in_b": math.nan, "ci_method": ""}
+
+
+def _in_distribution(items: cells.Items, rows: pd.DataFrame, task: str, seeds: list[int]) -> float:
+    """Mean over ``seeds`` of an arm's in-distribution accuracy: on ``slice/id`` where the task has it, else on
+    the whole test set."""
+    subset = items.subset(task, "slice/id")
+    got = items.matrix(rows, subset if subset is not None else items.subset(task, "test"), seeds)
+    return float(got[1].mean()) if got is not None else math.nan
+
+
+def _units(items: cells.Items, task: str, index: np.ndarray) -> np.ndarray | None:
+    pool = items.pools.get(task) or {}
+    return cells.twin_ids(task, index, pool.get("factors"))
+
+
+def measure_paired(row: dict, a_rows, b_rows, items: cells.Items, rp, seed: int, margin: float) -> dict:
+    """Per-seed means of both arms on the compared slice (twin pairs averaged first), their paired t interval,
+    two-sided p, TOST p, the non-equivalence p (``p_out``), the within-seed item precision, and each arm's
+    in-distribution accuracy."""
+    subset = items.subset(row["task"], row["subset"])
+    seeds = sorted(set(a_rows.seed) & set(b_rows.seed))
+    ga = items.matrix(a_rows, subset, seeds, with_index=True)
+    gb = items.matrix(b_rows, subset, seeds, with_index=True)
+    if ga is None or gb is None or ga[1].shape != gb[1].shape or not np.array_equal(ga[2], gb[2]):
+        return {}
+    units = _units(items, row["task"], ga[2])
+    d = stats.paired_seeds(ga[1], gb[1], units, rp.confidence)
+    diff = d["mean_a"] - d["mean_b"]
+    out_p = 2 * min(stats.one_sided_p(diff, margin, "greater"), stats.one_sided_p(diff, -margin, "less"))
+    unit = "twin pairs averaged first, " if units is not None else ""
+    return {"seeds": d["seeds"], "items": d["items"], "estimate": d["estimate"], "ci_lo": d["ci_lo"],
+            "ci_hi": d["ci_hi"], "p": d["p"], "p_tost": stats.tost(d["mean_a"], d["mean_b"], margin),
+            "p_out": min(1.0, out_p), "seed_sd": d["sd"],
+            "item_se": stats.item_precision(ga[1], gb[1], rp.bootstrap_samples, seed, units),
+            "acc_a": float(d["mean_a"].mean()), "acc_b": float(d["mean_b"].mean()),
+            "in_a": _in_distribution(items, a_rows, row["task"], seeds),
+            "in_b": _in_distribution(items, b_rows, row["task"], seeds),
+            "ci_method": f"seed-level paired t ({unit}{d['seeds']} seeds)"}
+
+
+def measure_floor(row: dict, a_rows, items: cells.Items, rp, seed: int, floor: float, bound: float) -> dict:
+    """One arm's per-seed accuracy on the slice minus the floor, its t interval, and the two-sided t p of its
+    mean against ``bound`` (the floor's upper bound: the verdict's reference)."""
+    got = items.matrix(a_rows, items.subset(row["task"], row["subset"]), with_index=True)
+    if got is None or floor != floor:
+        return {}
+    units = _units(items, row["task"], got[2])
+    acc = stats.unit_means(got[1], units)
+    d = stats.seed_interval(acc - floor, rp.confidence)
+    return {"seeds": d["seeds"], "items": int(got[1].shape[1]), "estimate": d["estimate"], "ci_lo": d["ci_lo"],
+            "ci_hi": d["ci_hi"], "p": stats.one_sided_p(acc, bound, "two-sided"), "seed_sd": d["sd"],
+            "item_se": stats.item_precision(got[1], None, rp.bootstrap_samples, seed, units),
+            "acc_a": float(acc.mean()), "ci_method": f"seed-level t of a - floor ({d['seeds']} seeds)"}
 
 
 def measure(row: dict, runs: pd.DataFrame, items: cells.Items, config: dict, floors: dict, rp, seed: int) -> dict:
-    """The measured side of one planned row (before Holm and the verdict)."""
-    subset = items.subset(row["task"], row["subset"])
-    a_rows = cells.select(runs, row["task"], row["a"], {**config, **row.get("a_cfg", {})})
-    floor, floor_name = floor_of(floors, row["task"], row.get("exclude", ()))
-    out = {**_empty(row), "floor": floor, "floor_baseline": floor_name}
+    """The measured side of one planned row (before Holm, the gate and the verdict)."""
+    task = row["task"]
+    a_rows = cells.select(runs, task, row["a"], {**config, **row.get("a_cfg", {})})
+    floor, floor_name = floor_of(floors, task, row.get("exclude", ()))
+    lo, hi = floor_interval(floors, task, floor_name, rp.confidence)
+    analytic = ANALYTIC_FLOORS.get(task, math.nan)
+    bound = max((v for v in (hi if hi == hi else floor, analytic) if v == v), default=math.nan)
+    chance = chance_of(floors, runs, task)
+    fraction = dict(rp.learn_fraction_tasks).get(task, rp.learn_fraction)
+    fitted = floor_of(floors, task)[0]
+    out = {**_empty(row), "floor": floor, "floor_baseline": floor_name, "floor_lo": lo, "floor_hi": hi,
+           "analytic_floor": analytic, "floor_bound": bound if row["kind"] == "floor" else math.nan,
+           "chance": chance, "learn_at": learn_threshold(chance, fitted, analytic, fraction)}
     if row["kind"] == "paired":
-        b_rows = cells.select(runs, row["task"], row["b"], config)
-        seeds = sorted(set(a_rows.seed) & set(b_rows.seed))
-        ga, gb = items.matrix(a_rows, subset, seeds), items.matrix(b_rows, subset, seeds)
-        if ga is None or gb is None or ga[1].shape != gb[1].shape:
-            return out
-        d = stats.paired_difference(ga[1], gb[1], rp.bootstrap_samples, seed, rp.confidence)
-        return {**out, **{k: d[k] for k in ("seeds", "items", "estimate", "ci_lo", "ci_hi", "p")}}
+        b_rows = cells.select(runs, task, row["b"], config)
+        return {**out, **measure_paired(row, a_rows, b_rows, items, rp, seed, row["margin"])}
     if row["kind"] == "floor":
-        got = items.matrix(a_rows, subset)
-        if got is None or floor != floor:
-            return out
-        d = stats.paired_difference(got[1], np.full_like(got[1], floor), rp.bootstrap_samples, seed,
-                                    rp.confidence)
-        return {**out, **{k: d[k] for k in ("seeds", "items", "estimate", "ci_lo", "ci_hi", "p")}}
-    return {**out, **exact_twins(a_rows, items, row["task"])}
+        return {**out, **measure_floor(row, a_rows, items, rp, seed, floor, bound)}
+    return {**out, **exact_twins(a_rows, items, task)}
 
 
 def exact_twins(rows: pd.DataFrame, items: cells.Items, task: str) -> dict:
@@ -216,33 +342,98 @@ def exact_twins(rows: pd.DataFrame, items: cells.Items, task: str) -> dict:
             "max_logit_diff": max(c["max_logit_diff"] for c in checks)}
 
 
+def family(t: pd.DataFrame) -> pd.DataFrame:
+    """Every decision test of the decided rows, one line each (row position, member, p): a "+" row's
+    directional two-sided t (held or failed) and its TOST (equivalent); a "0" row's TOST (held) and its
+    non-equivalence test (failed); a "<=" row's directional t against the floor's bound (held or failed)."""
+    members = {"+": ("p", "p_tost"), "0": ("p_tost", "p_out"), "<=": ("p",)}
+    lines = [(i, col, r[col]) for i, r in enumerate(t.to_dict("records")) if r["decided"]
+             for col in members.get(r["expect"], ())]
+    return pd.DataFrame(lines, columns=["row", "member", "p"])
+
+
+def _needed(r: dict, level: float, margin: float, rp) -> int | None:
+    """Seeds for 80% power (rp.power) in the row's own direction at its Holm level: the directional t is
+    two-sided, so one-sided at level / 2 for "+" and "<="; TOST at the level for "0"."""
+    cap = rp.max_seeds
+    if r["expect"] == "0":
+        return stats.seeds_for_tost(r["estimate"], margin, r["seed_sd"], level, rp.power, cap)
+    effect = r["estimate"] if r["expect"] == "+" else r["floor_bound"] - (r["acc_a"])
+    return stats.seeds_for_power(effect, r["seed_sd"], level / 2, rp.power, cap)
+
+
+def _verdict(r: dict, alpha: float) -> str:
+    """held / failed / equivalent / underpowered from the row's Holm-adjusted p-values (see :func:`family`)."""
+    if r["expect"] == "0":
+        return "held" if r["p_tost_holm"] < alpha else "failed" if r["p_out_holm"] < alpha else "underpowered"
+    if r["p_holm"] < alpha:
+        above = r["estimate"] > 0 if r["expect"] == "+" else r["acc_a"] > r["floor_bound"]
+        return ("failed" if above else "held") if r["expect"] == "<=" else ("held" if above else "failed")
+    return "equivalent" if r["expect"] == "+" and r["p_tost_holm"] < alpha else "underpowered"
+
+
+def _needs_text(verdict: str, needed: int | None, seeds: int, cap: int) -> str:
+    if verdict != "underpowered":
+        return ""
+    if seeds < 2:
+        return "2+ (one seed: no seed-level variance to size from)"
+    return str(needed) if needed is not None else f">{cap}"
+
+
 def decide(table: pd.DataFrame, rp) -> pd.DataFrame:
-    """Holm over the rows with a p-value, then each row's verdict and (if underpowered) the seeds needed."""
+    """One Holm family over every decision test of the decided rows (those that ran, are not exact and have
+    no gate ``reason``), each row's verdict and, if underpowered, the seeds needed for rp.power at its Holm
+    level (``needs_seeds`` as text: capped at ">max_seeds"; a one-seed row has no variance to size from)."""
     alpha = 1 - rp.confidence
-    t = table.copy()
-    t["p_holm"] = stats.holm(t["p"].to_numpy(dtype=float))
+    t = table.copy().reset_index(drop=True)
+    t["decided"] = (t.seeds > 0) & (t.kind != "exact") & (t.reason == "")
+    fam = family(t)
+    fam["holm"] = stats.holm(fam.p.to_numpy(dtype=float), alpha)
+    fam["level"] = stats.holm_levels(fam.p.to_numpy(dtype=float), alpha)
+    adjusted = fam.pivot_table(index="row", columns="member", values="holm", aggfunc="first")
+    levels = fam.pivot_table(index="row", columns="member", values="level", aggfunc="first")
+    for col in ("p", "p_tost", "p_out"):
+        t[f"{col}_holm"] = adjusted[col].reindex(t.index) if col in adjusted else math.nan
+    t["p_holm"] = t["p_holm"].where(t.expect != "0", t["p_tost_holm"])  # the prediction's own test
     verdicts, needed = [], []
-    for r in t.itertuples():
-        if r.seeds == 0:
+    for i, r in enumerate(t.to_dict("records")):
+        if r["seeds"] == 0:
             v = "not run"
-        elif r.kind == "exact":
-            v = "held" if r.exact else "failed"
+        elif r["kind"] == "exact":
+            v = "held" if r["exact"] else "failed"
+        elif r["reason"]:
+            v = "uninformative"
         else:
-            v = stats.verdict(r.ci_lo, r.ci_hi, r.p_holm, r.expect, rp.equivalence_margin, alpha)
+            v = _verdict(r, alpha)
+        member = "p_tost" if r["expect"] == "0" else "p"
+        level = levels[member].get(i, math.nan) if member in levels else math.nan
+        needed.append(_needed(r, level, r["margin"], rp) if v == "underpowered" else None)
         verdicts.append(v)
-        needed.append(stats.seeds_needed(r.seeds, r.ci_lo, r.ci_hi, r.estimate, rp.equivalence_margin)
-                      if v == "underpowered" else None)
-    t["verdict"], t["needs_seeds"] = verdicts, pd.array(needed, dtype="Int64")
-    return t
+    t["verdict"] = verdicts
+    t["seeds_needed"] = pd.array(needed, dtype="Int64")
+    t["needs_seeds"] = [_needs_text(v, n, seeds, rp.max_seeds)
+                        for v, n, seeds in zip(verdicts, needed, t.seeds, strict=True)]
+    return t.drop(columns=["decided"])
+
+
+COLUMNS = ["id", "finding", "kind", "task", "a", "b", "subset", "expect", "isolates", "margin", "margin_reason",
+           "seeds", "items", "estimate", "ci_lo", "ci_hi", "ci_method", "p", "p_tost", "p_out", "seed_sd",
+           "item_se", "acc_a", "acc_b", "in_a", "in_b", "learn_at", "chance", "floor", "floor_baseline",
+           "floor_lo", "floor_hi", "analytic_floor", "floor_bound", "reason", "exact", "max_logit_diff", "context",
+           "claim", "detail"]
 
 
 def judge(params, runs: pd.DataFrame, items: cells.Items, floors: dict, disagreement: dict,
           seed: int, collisions: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The ledger: one row per planned prediction with its measurement, Holm p-value and verdict."""
+    """The ledger: one row per planned prediction with its measurement, gate, Holm p-values and verdict."""
     rp, config = params.report, cells.main_config(runs)
+    check_margins(CONTRASTS, rp.equivalence_margin)
     rows = []
     reach = agg.steps_to_reach(runs, rp.escape_threshold, cells.CELL)
+    default = {"margin": rp.equivalence_margin,
+               "margin_reason": "report.equivalence_margin (no row of its own; at most the smallest anchored effect)"}
     for row in plan(params) + budget_rows(runs, config):
+        row = {**default, **row}
         m = measure(row, runs, items, config, floors, rp, seed)
         ctx = ""
         if row["finding"] == "budget":
@@ -255,16 +446,16 @@ def judge(params, runs: pd.DataFrame, items: cells.Items, floors: dict, disagree
                 ctx += f"; teacher accuracy mismatch on the students' data {gap:.1%}"
         rows.append({"id": row["id"], "finding": row["finding"], "kind": row["kind"], "task": row["task"],
                      "a": row["a"], "b": row["b"], "subset": row["subset"], "expect": row["expect"],
-                     "isolates": row["isolates"], "exact": False, "max_logit_diff": math.nan, **m,
+                     "isolates": row["isolates"], "margin": row["margin"], "margin_reason": row["margin_reason"],
+                     "exact": False, "max_logit_diff": math.nan, **m, "reason": gate(row, m, rp.ceiling_tol),
                      "context": ctx, "claim": row.get("claim", ""), "detail": ""})
     ip = params.interface
-    rows += collision_rows(collisions, ip.exact_tol, ip.atol)
-    cols = ["id", "finding", "kind", "task", "a", "b", "subset", "expect", "isolates", "seeds", "items",
-            "estimate", "ci_lo", "ci_hi", "p", "floor", "floor_baseline", "exact", "max_logit_diff", "context",
-            "claim", "detail"]
-    table = pd.DataFrame(rows, columns=cols)
+    rows += [{**r, "reason": "", "margin": math.nan, "margin_reason": ""}
+             for r in collision_rows(collisions, ip.exact_tol, ip.atol)]
+    table = pd.DataFrame(rows).reindex(columns=COLUMNS)
+    table["reason"] = table["reason"].fillna("")
     if table.empty:
-        return table.assign(p_holm=[], verdict=[], needs_seeds=[])
+        return table.assign(p_holm=[], p_tost_holm=[], p_out_holm=[], verdict=[], seeds_needed=[], needs_seeds=[])
     return decide(table, rp)
 
 
@@ -274,13 +465,17 @@ def counts(ledger: pd.DataFrame) -> dict[str, int]:
 
 
 def leads(ledger: pd.DataFrame) -> list[tuple[str, pd.DataFrame, pd.Series]]:
-    """(finding, its rows, its lead row) in :data:`FINDINGS` order; the lead is the group's first row with
-    data (rows keep the order of :data:`CONTRASTS`, primary minimal pair first), never picked by outcome."""
+    """(finding, its rows, its lead row) in :data:`FINDINGS` order; the lead is the group's first decided row
+    (rows keep the order of :data:`CONTRASTS`, primary minimal pair first), never picked by outcome. A finding
+    is stated only from informative rows: a group without a row that ran and is not uninformative is left out."""
     if ledger.empty:
         return []
     order = {name: i for i, name in enumerate(FINDINGS)}
     out = []
     for name, g in sorted(ledger.groupby("finding", sort=False), key=lambda kv: order.get(kv[0], len(order))):
         ran = g[g.verdict != "not run"]
-        out.append((name, g, (ran if len(ran) else g).iloc[0]))
+        decided = ran[ran.verdict != "uninformative"]
+        if len(ran) and decided.empty:
+            continue
+        out.append((name, g, (decided if len(decided) else g).iloc[0]))
     return out

@@ -1,26 +1,29 @@
-"""Pure statistics for the report: proportion intervals, hierarchical bootstraps, Holm, verdicts.
+"""Pure statistics for the report: proportion intervals, seed-level t inference, TOST, Holm, power.
 
-Conventions (stated in the report):
+Conventions (stated in the report and in docs/design.md §4):
 
 - one proportion (an accuracy on n items, a share of seeds): Wilson (scipy ``binomtest(...).proportion_ci``);
 - "k of n seeds reached the threshold": Clopper-Pearson exact (same scipy call, ``method="exact"``);
-- a mean accuracy over seeds x test items: a hierarchical bootstrap, seeds resampled, then test items
-  (the test split is one fixed sample shared by every seed, so both sources of error are resampled);
-- a difference between two architectures: the same bootstrap on the item-paired difference (same seeds,
-  same test items, same resampling draws for both arms);
-- a family of ledger tests: Holm's step-down correction of the bootstrap p-values.
-
-Every bootstrap takes an explicit ``seed`` (from params), so a report is reproducible bit for bit. No
-interval of a proportion leaves [0, 1]: Wilson and Clopper-Pearson cannot, and a bootstrap of a mean of
-0/1 values cannot either (percentile interval).
+- the seed is the unit of replication: every seed saw the same fixed test items, so a mean over seeds or a
+  paired difference gets a t interval on the per-seed means (one number per seed; twin pairs averaged first);
+  with one seed there is no interval (NaN), never a narrow one;
+- "no effect": TOST on the per-seed differences (statsmodels ``ttost_paired``) against a stated margin;
+- a family of decisions: Holm (statsmodels ``multipletests``); t and TOST p-values are continuous, so no p
+  floor exists that the family's size could push over alpha;
+- seeds needed: statsmodels ``TTestPower`` at the row's Holm-adjusted alpha;
+- the item bootstrap survives only as a within-seed precision figure (items resampled, seeds kept).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 from scipy import stats
+from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.power import TTestPower
+from statsmodels.stats.weightstats import ttost_paired
 
 
 def _binom_ci(k: int, n: int, level: float, method: str) -> tuple[float, float]:
@@ -40,107 +43,147 @@ def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
     return _binom_ci(k, n, level, "exact")
 
 
-def _weights(rng: np.random.Generator, n: int, reps: int) -> np.ndarray:
-    """(reps, n) resampling weights: counts of a with-replacement draw of n out of n, divided by n."""
-    draws = rng.integers(0, n, size=(reps, n)) + n * np.arange(reps)[:, None]  # row r counts into bins r*n..
-    return np.bincount(draws.ravel(), minlength=reps * n).reshape(reps, n) / n
-
-
-def bootstrap_means(matrix: np.ndarray, reps: int, seed: int) -> np.ndarray:
-    """Bootstrap distribution (reps,) of the grand mean of ``matrix`` (seeds x items): seeds resampled, then
-    items; one item draw per replicate is shared by every seed (the seeds saw the same test items)."""
+# --------------------------------------------------------------------------- per-seed means
+def unit_matrix(matrix: np.ndarray, units: np.ndarray | None = None) -> np.ndarray:
+    """``(..., seeds, items)`` -> ``(..., seeds, units)``: the items of a unit (e.g. a twin pair) averaged, so
+    a unit counts once; without ``units`` every item is its own unit."""
     m = np.asarray(matrix, dtype=float)
-    if m.ndim != 2 or 0 in m.shape:
-        raise ValueError(f"bootstrap: expected a non-empty seeds x items matrix, got shape {m.shape}")
-    rng = np.random.default_rng(seed)
-    seed_w = _weights(rng, m.shape[0], reps)  # (reps, S)
-    item_w = _weights(rng, m.shape[1], reps)  # (reps, N)
-    # a weighted mean lies within the values' range; the clip only removes float rounding (1 + 1e-16)
-    return np.clip(((seed_w @ m) * item_w).sum(axis=1), m.min(), m.max())
+    if units is None:
+        return m
+    _, inverse, counts = np.unique(np.asarray(units), return_inverse=True, return_counts=True)
+    order = np.argsort(inverse, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    return np.add.reduceat(m[..., order], starts, axis=-1) / counts
 
 
-def _summary(estimate: float, boots: np.ndarray, level: float) -> dict[str, float]:
-    lo, hi = np.quantile(boots, [(1 - level) / 2, (1 + level) / 2])
-    # two-sided bootstrap p-value of "no difference" (mean 0), floored at 1 / (reps + 1)
-    tail = min(float((boots <= 0).mean()), float((boots >= 0).mean()))
-    p = min(1.0, max(2 * tail, 1.0 / (len(boots) + 1)))
-    return {"estimate": float(estimate), "ci_lo": float(lo), "ci_hi": float(hi), "p": p}
+def unit_means(matrix: np.ndarray, units: np.ndarray | None = None) -> np.ndarray:
+    """Per-seed mean over units (twin pairs averaged first) of ``(..., seeds, items)``."""
+    return unit_matrix(matrix, units).mean(axis=-1)
 
 
-def hierarchical_mean(matrix: np.ndarray, reps: int, seed: int, level: float = 0.95) -> dict[str, float]:
-    """Mean accuracy of a seeds x items 0/1 matrix with its hierarchical-bootstrap percentile interval."""
-    m = np.asarray(matrix, dtype=float)
-    out = _summary(m.mean(), bootstrap_means(m, reps, seed), level)
-    del out["p"]  # a p-value of "accuracy = 0" means nothing
-    return {**out, "seeds": int(m.shape[0]), "items": int(m.shape[1])}
+def t_bounds(x: np.ndarray, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+    """Two-sided t interval of the mean over the last axis (the seeds); NaN with fewer than two seeds.
+    Vectorised over leading axes (the coverage test runs thousands of simulated studies at once)."""
+    x = np.asarray(x, dtype=float)
+    n = x.shape[-1]
+    mean = x.mean(axis=-1)
+    if n < 2:
+        nan = np.full_like(mean, np.nan)
+        return nan, nan
+    half = stats.t.ppf((1 + level) / 2, n - 1) * x.std(axis=-1, ddof=1) / math.sqrt(n)
+    return mean - half, mean + half
 
 
-def paired_difference(a: np.ndarray, b: np.ndarray, reps: int, seed: int, level: float = 0.95) -> dict:
-    """Item-paired difference mean(a) - mean(b) of two seeds x items matrices (row i of both = seed i,
-    column j of both = test item j) with its hierarchical-bootstrap interval and two-sided p-value.
+def _t_p(x: np.ndarray, null: float, alternative: str) -> float:
+    """t-test p of mean(x) vs ``null``; zero spread over >= 2 seeds decides by the side the mean is on
+    (scipy gives inf or 0/0 there), a mean exactly on the null is not rejected."""
+    if len(x) < 2:
+        return math.nan
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        p = float(stats.ttest_1samp(x, null, alternative=alternative).pvalue)
+    return 1.0 if p != p else p
 
-    Also returns ``seed_sd``: the sd (ddof=1) of the per-seed differences, used to size more seeds."""
+
+def seed_interval(per_seed, level: float = 0.95, bounds: tuple[float, float] = (-1.0, 1.0)) -> dict:
+    """Mean of per-seed values with its seed-level t interval (clipped to ``bounds``: an accuracy cannot
+    leave [0, 1], a difference [-1, 1]) and the seeds' sd (ddof=1); NaN interval and sd for one seed."""
+    x = np.asarray(per_seed, dtype=float)
+    lo, hi = t_bounds(x, level)
+    sd = float(x.std(ddof=1)) if len(x) > 1 else math.nan
+    return {"estimate": float(x.mean()), "ci_lo": float(np.clip(lo, *bounds)), "ci_hi": float(np.clip(hi, *bounds)),
+            "sd": sd, "seeds": len(x)}
+
+
+def paired_seeds(a: np.ndarray, b: np.ndarray, units: np.ndarray | None = None, level: float = 0.95) -> dict:
+    """Item-paired difference of two seeds x items matrices (row i = seed i, column j = item j in both): per
+    seed the mean of a and of b (units averaged first), then the seed-level t interval and two-sided p of
+    their difference. ``mean_a``/``mean_b`` (per seed) feed TOST; ``sd`` sizes more seeds."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.shape != b.shape:
         raise ValueError(f"paired difference: shapes differ {a.shape} vs {b.shape} (pair seeds and items first)")
-    d = a - b
-    out = _summary(d.mean(), bootstrap_means(d, reps, seed), level)
-    per_seed = d.mean(axis=1)
-    sd = float(per_seed.std(ddof=1)) if len(per_seed) > 1 else math.nan
-    return {**out, "seeds": int(d.shape[0]), "items": int(d.shape[1]), "seed_sd": sd}
+    ma, mb = unit_means(a, units), unit_means(b, units)
+    d = ma - mb
+    out = seed_interval(d, level)
+    return {**out, "p": _t_p(d, 0.0, "two-sided"), "items": int(a.shape[1]), "mean_a": ma, "mean_b": mb}
 
 
-def holm(pvalues) -> np.ndarray:
-    """Holm's step-down adjusted p-values (same order as given; NaN stays NaN and is not counted)."""
+def one_sided_p(x, null: float, alternative: str) -> float:
+    """One-sided seed-level t p of mean(x) ``alternative`` ("less"/"greater") ``null``."""
+    return _t_p(np.asarray(x, dtype=float), null, alternative)
+
+
+def tost(mean_a, mean_b, margin: float) -> float:
+    """TOST p of "|mean(a - b)| < margin" on per-seed means (statsmodels ``ttost_paired``); NaN for one seed,
+    and a difference with zero spread is decided by whether it lies strictly inside the margin."""
+    a, b = np.asarray(mean_a, dtype=float), np.asarray(mean_b, dtype=float)
+    if len(a) < 2:
+        return math.nan
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        p = float(ttost_paired(a, b, -margin, margin)[0])
+    return 1.0 if p != p else p
+
+
+def item_precision(a: np.ndarray, b: np.ndarray | None, reps: int, seed: int,
+                   units: np.ndarray | None = None) -> float:
+    """Within-seed precision: the bootstrap sd of a seed's mean (of a - b) over resampled test items (units),
+    root-mean-square over seeds. One draw per replicate is shared by the seeds; the seeds are not resampled,
+    so this is the test set's contribution only, not the row's interval."""
+    d = unit_matrix(np.asarray(a, dtype=float) - (0.0 if b is None else np.asarray(b, dtype=float)), units)
+    rng = np.random.default_rng(seed)
+    n = d.shape[1]
+    weights = rng.multinomial(n, np.full(n, 1 / n), size=reps) / n  # (reps, units): a resample as counts / n
+    boots = weights @ d.T  # (reps, seeds)
+    return float(np.sqrt((boots.std(axis=0, ddof=1) ** 2).mean()))
+
+
+# --------------------------------------------------------------------------- one family
+def holm(pvalues, alpha: float = 0.05) -> np.ndarray:
+    """Holm's step-down adjusted p-values (statsmodels ``multipletests``), same order as given; NaN stays NaN
+    and is not counted in the family."""
+    p = np.asarray(pvalues, dtype=float)
+    out = np.full_like(p, np.nan)
+    ok = ~np.isnan(p)
+    if ok.any():
+        out[ok] = multipletests(p[ok], alpha=alpha, method="holm")[1]
+    return out
+
+
+def holm_levels(pvalues, alpha: float) -> np.ndarray:
+    """The per-test level Holm compares each p with: alpha / (m - rank), rank 0 for the smallest p (the
+    level at which a seeds-needed calculation must aim); NaN where p is NaN."""
     p = np.asarray(pvalues, dtype=float)
     out = np.full_like(p, np.nan)
     ok = np.flatnonzero(~np.isnan(p))
     order = ok[np.argsort(p[ok], kind="stable")]
-    m = len(order)
-    running = 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * p[i]))
-        out[i] = running
+    out[order] = alpha / (len(order) - np.arange(len(order)))
     return out
 
 
-def equivalent(lo: float, hi: float, margin: float) -> bool:
-    """"No effect": the whole interval lies within +-margin."""
-    return -margin <= lo and hi <= margin
+def seeds_for_power(effect: float, sd: float, alpha: float, power: float = 0.8, cap: int = 200) -> int | None:
+    """Seeds for a one-sided paired t test of a true effect ``effect`` (> 0, in the tested direction) with
+    per-seed sd ``sd`` at level ``alpha`` to reach ``power`` (statsmodels ``TTestPower``); None when no
+    number of seeds up to ``cap`` does it (no effect in that direction, or too small), or sd is unknown."""
+    if not (effect > 0 and sd == sd and alpha == alpha):
+        return None
+    if sd == 0:
+        return 2  # no spread: two seeds estimate it (the fewest a t test takes)
+    es = effect / sd
+    solver = TTestPower()
+    if solver.power(es, cap, alpha, alternative="larger") < power:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        n = solver.solve_power(effect_size=es, alpha=alpha, power=power, alternative="larger")
+    return max(2, math.ceil(float(np.atleast_1d(n)[0])))
 
 
-def seeds_needed(n: int, lo: float, hi: float, estimate: float, margin: float) -> int:
-    """Seeds for a decisive interval, assuming its half-width shrinks as 1/sqrt(seeds) (seed-dominated).
-
-    Decisive means either excluding 0 (half-width < |estimate|) or lying within +-margin (half-width <
-    margin - |estimate|); the easier of the two is the target. Always at least n + 1."""
-    half = (hi - lo) / 2
-    target = max(abs(estimate), margin - abs(estimate))
-    if not half > 0 or not target > 0 or n < 1:
-        return n + 1
-    return max(n + 1, math.ceil(n * (half / target) ** 2))
-
-
-def verdict(lo: float, hi: float, p_holm: float, expect: str, margin: float, alpha: float) -> str:
-    """held / failed / equivalent / underpowered for a difference predicted to be ``expect`` ("+", "0", "<=").
-
-    "+": held when Holm-significant and above 0, failed when significant below 0, equivalent when the
-    interval lies within +-margin (a tight null: no effect), else underpowered.
-    "0" (no effect predicted): held when equivalent, failed when significant and outside the margin.
-    "<=" (at most the reference): held when the CI ends below +margin, failed when it starts above it."""
-    sig = p_holm < alpha
-    if expect == "<=":  # at most a reference (a shortcut floor): held while the CI stays below it + margin
-        if hi <= margin:
-            return "held"
-        return "failed" if sig and lo > margin else "underpowered"
-    if expect == "0":
-        if equivalent(lo, hi, margin):
-            return "held"
-        return "failed" if sig and (lo > margin or hi < -margin) else "underpowered"
-    if equivalent(lo, hi, margin):
-        return "equivalent"
-    if sig and lo > 0:
-        return "held"
-    if sig and hi < 0:
-        return "failed"
-    return "underpowered"
+def seeds_for_tost(estimate: float, margin: float, sd: float, alpha: float, power: float = 0.8,
+                   cap: int = 200) -> int | None:
+    """Seeds for TOST within +-margin to reach ``power`` when the true difference is ``estimate``: the nearer
+    bound decides, so the one-sided test against it (effect margin - |estimate|); at an estimate of 0 both
+    bounds bind equally, so each side is sized for power 1 - (1 - power) / 2 (the usual approximation)."""
+    gap = margin - abs(estimate)
+    each = 1 - (1 - power) / 2 if abs(estimate) < 1e-12 else power
+    return seeds_for_power(gap, sd, alpha, each, cap)

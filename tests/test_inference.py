@@ -1,0 +1,212 @@
+"""The ledger's inference: seed-level coverage in simulation, TOST/Holm/power against statsmodels, the
+informativeness gate on a tiny in-memory ledger, and the declared margins."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from scipy import stats as sps
+from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.power import TTestPower
+from statsmodels.stats.weightstats import ttost_paired
+
+from pipeline.config import parse_params
+from pipeline.errors import ConfigError
+from pipeline.report import cells, ledger, stats
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --------------------------------------------------------------------------- (a) coverage
+def _coverage(seeds: int, sims: int = 3000, items: int = 2000, seed_sd: float = 0.05, chunk: int = 250) -> float:
+    """Share of simulated studies whose seed-level paired t interval (the ledger's functions, twin pairs
+    averaged first) covers the true difference. Per study: each arm's per-seed accuracy is its true accuracy
+    plus a seed effect (sd ``seed_sd``), and every item is a 0/1 draw at that accuracy."""
+    rng = np.random.default_rng(seeds)
+    true_a, true_b = 0.70, 0.66
+    twins = np.arange(items) // 2
+    hits = []
+    for _ in range(sims // chunk):
+        pa = true_a + rng.normal(0, seed_sd, (chunk, seeds, 1))
+        pb = true_b + rng.normal(0, seed_sd, (chunk, seeds, 1))
+        a = rng.random((chunk, seeds, items)) < pa
+        b = rng.random((chunk, seeds, items)) < pb
+        d = stats.unit_means(a, twins) - stats.unit_means(b, twins)
+        lo, hi = stats.t_bounds(d, 0.95)
+        hits.append((lo <= true_a - true_b) & (true_a - true_b <= hi))
+    return float(np.concatenate(hits).mean())
+
+
+def test_seed_level_interval_covers_at_nominal_level():
+    assert 0.93 <= _coverage(5) <= 0.97
+    assert _coverage(3) >= 0.92
+
+
+def test_one_seed_gives_no_interval():
+    got = stats.seed_interval([0.7])
+    assert got["estimate"] == 0.7 and math.isnan(got["ci_lo"]) and math.isnan(got["ci_hi"]) and math.isnan(got["sd"])
+    assert math.isnan(stats.tost([0.7], [0.6], 0.05))
+
+
+def test_twin_pairs_count_once():
+    m = np.array([[1.0, 1.0, 0.0, 1.0, 1.0]])  # pairs {0, 1}, {2, 3} and a lone item 4
+    assert stats.unit_means(m, np.array([0, 0, 1, 1, 2]))[0] == pytest.approx((1 + 0.5 + 1) / 3)
+
+
+def test_paired_interval_matches_scipy():
+    rng = np.random.default_rng(3)
+    a, b = rng.random((5, 300)) < 0.8, rng.random((5, 300)) < 0.7
+    got = stats.paired_seeds(a, b)
+    d = a.mean(axis=1) - b.mean(axis=1)
+    ref = sps.ttest_rel(a.mean(axis=1), b.mean(axis=1))
+    assert got["p"] == pytest.approx(ref.pvalue) and got["estimate"] == pytest.approx(d.mean())
+    ci = sps.ttest_1samp(d, 0).confidence_interval(0.95)
+    assert (got["ci_lo"], got["ci_hi"]) == pytest.approx((ci.low, ci.high))
+
+
+# --------------------------------------------------------------------------- (b) TOST, Holm, power
+def test_tost_against_statsmodels_and_two_one_sided_tests():
+    a = np.array([0.712, 0.701, 0.695, 0.720, 0.708])
+    b = np.array([0.705, 0.699, 0.701, 0.711, 0.700])
+    for margin in (0.005, 0.014, 0.03):
+        p = stats.tost(a, b, margin)
+        assert p == pytest.approx(ttost_paired(a, b, -margin, margin)[0])
+        d = a - b  # TOST = the larger of the two one-sided p-values
+        two = max(sps.ttest_1samp(d, -margin, alternative="greater").pvalue,
+                  sps.ttest_1samp(d, margin, alternative="less").pvalue)
+        assert p == pytest.approx(two)
+    assert stats.tost(a, a, 0.01) == 0.0  # identical arms: zero spread strictly inside the margin
+
+
+def test_holm_against_statsmodels():
+    p = np.array([0.01, 0.04, 0.03, 0.005, np.nan, 0.2])
+    got = stats.holm(p)
+    ok = ~np.isnan(p)
+    assert got[ok] == pytest.approx(multipletests(p[ok], method="holm")[1]) and np.isnan(got[4])
+    assert got[ok] == pytest.approx([0.04, 0.09, 0.09, 0.025, 0.2])  # 0.005 x 5, 0.01 x 4, 0.03 x 3, ...
+    assert stats.holm_levels(p, 0.05)[ok] == pytest.approx([0.05 / 4, 0.05 / 2, 0.05 / 3, 0.05 / 5, 0.05])
+
+
+def test_seeds_for_power_is_the_smallest_that_reaches_it():
+    n = stats.seeds_for_power(0.02, 0.03, 0.01)
+    power = TTestPower()
+    assert power.power(0.02 / 0.03, n, 0.01, alternative="larger") >= 0.8
+    assert power.power(0.02 / 0.03, n - 1, 0.01, alternative="larger") < 0.8
+    assert stats.seeds_for_power(-0.01, 0.03, 0.05) is None  # wrong direction: no number of seeds helps
+    assert stats.seeds_for_power(1e-4, 0.05, 1e-3) is None  # beyond the cap
+    assert stats.seeds_for_tost(0.0, 0.014, 0.01, 0.05) == stats.seeds_for_power(0.014, 0.01, 0.05, 0.9)
+
+
+# --------------------------------------------------------------------------- (c) the gate on a tiny ledger
+N = 400
+
+
+def _params(archs: dict[str, list[str]]):
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["train"]["archs"] = {a: {**s, "tasks": archs[a]} for a, s in raw["train"]["archs"].items() if a in archs}
+    raw["train"]["grids"] = {}
+    raw["distill"]["students"], raw["distill"]["teachers"] = {}, {}
+    raw["report"]["bootstrap_samples"] = 200
+    return parse_params(raw)
+
+
+def _tiny(task: str, share: dict[str, float], subsets: dict[str, np.ndarray], seeds: int = 5):
+    """runs frame + Items for one task: each arch right on a ``share`` of the test items, independently per
+    seed (two classes, twins = adjacent items)."""
+    rng = np.random.default_rng(0)
+    labels = np.arange(N) % 2
+    items = cells.Items({task: {"labels": labels, "subsets": {"test": np.arange(N), **subsets}, "factors": None}})
+    rows = []
+    for arch, p in share.items():
+        for s in range(seeds):
+            right = rng.random(N) < p
+            logits = np.eye(2)[np.where(right, labels, 1 - labels)]
+            run = f"{arch}/{task}/s{s}"
+            items.add(run, task, np.arange(N), logits)
+            rows.append({"source": "runs", "task": task, "arch": arch, "seed": s, "train_size": 4000,
+                         "steps": 1000, "budget_mode": "steps", "data_seed": 0, "dir": run, "num_classes": 2,
+                         "test_acc": float(right.mean()), "curve": []})
+    return pd.DataFrame(rows), items
+
+
+def test_an_arm_at_chance_makes_the_row_uninformative():
+    ood = np.arange(0, N, 4)
+    runs, items = _tiny("alignment", {"resnet": 0.5, "vit": 0.95}, {"slice/ood": ood,
+                                                                   "slice/id": np.setdiff1d(np.arange(N), ood)})
+    floors = {"alignment": {"chance": 0.5, "floor": 0.55, "floor_baseline": "tokens_bag",
+                            "baselines": {"tokens_bag": {"acc": 0.55, "n": N}}}}
+    led = ledger.judge(_params({"resnet": ["alignment"], "vit": ["alignment"]}), runs, items, floors, {}, 0)
+    row = led.set_index("id").loc["alignment.resnet_vs_vit.alignment"]
+    assert row.verdict == "uninformative"
+    # base = max(chance 0.5, floor 0.55) = 0.55; learned at 0.55 + 0.5 x 0.45 = 0.775
+    assert row.reason.startswith("resnet did not learn: in-distribution 0.") and "(needs >= 0.775)" in row.reason
+    assert "vit" not in row.reason and np.isnan(row.p_holm) and row.needs_seeds == ""
+    assert ledger.counts(led)["uninformative"] == 1
+
+
+def test_both_arms_at_the_ceiling_make_the_row_uninformative():
+    cross = np.arange(0, N, 2)
+    runs, items = _tiny("relation", {"swin": 1.0, "swin_noshift": 1.0}, {"slice/window=cross": cross})
+    led = ledger.judge(_params({"swin": ["relation"], "swin_noshift": ["relation"]}), runs, items, {}, {}, 0)
+    row = led.set_index("id").loc["relation.shift.relation"]
+    assert (row.verdict, row.reason) == ("uninformative", "both at ceiling on slice/window=cross: 1.000 and 1.000")
+    assert (row.estimate, row.ci_lo, row.ci_hi) == (0.0, 0.0, 0.0)
+
+
+def test_gate_rules():
+    row = {"kind": "paired", "finding": "scale", "a": "x", "b": "y", "subset": "slice/ood"}
+    m = {"seeds": 5, "in_a": 0.9, "in_b": 0.9, "learn_at": 0.75, "acc_a": 0.51, "acc_b": 0.50, "chance": 0.5}
+    assert ledger.gate(row, m, 0.01) == "both at chance on slice/ood: 0.510 and 0.500 (chance 0.500)"
+    assert ledger.gate({**row, "finding": "budget"}, {**m, "in_a": 0.1}, 0.01) == ""  # budget: ceiling only
+    assert ledger.gate({**row, "kind": "floor"}, {**m, "in_a": 0.1}, 0.01) == ""  # floors are not gated
+    assert ledger.gate(row, {**m, "acc_a": 0.7}, 0.01) == ""
+
+
+def test_learn_fraction_is_validated():
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["report"]["learn_fraction_tasks"] = {"natural": 1.5}
+    with pytest.raises(ConfigError, match="learn_fraction_tasks"):
+        parse_params(raw)
+
+
+# --------------------------------------------------------------------------- (d) margins
+def test_every_contrast_declares_a_margin_within_its_anchor():
+    frame = pd.read_csv(ROOT / "pipeline" / "report" / "contrasts.csv")
+    assert frame.margin.notna().all() and (frame.margin > 0).all()
+    assert frame.margin_reason.str.len().gt(0).all()
+    anchored = frame[frame.anchor.notna()]
+    assert len(anchored) and (anchored.margin <= anchored.anchor).all()
+    default = _params({}).report.equivalence_margin
+    ledger.check_margins(ledger.CONTRASTS, default)  # the default does not exceed the smallest anchor
+    assert default <= anchored.anchor.min()
+    with pytest.raises(ValueError, match="smallest anchored effect"):
+        ledger.check_margins(ledger.CONTRASTS, 0.03)  # the old single margin contained Swin's +0.011
+
+
+def test_learned_arms_are_decided_in_one_family():
+    ood = np.arange(0, N, 4)
+    runs, items = _tiny("alignment", {"resnet": 0.97, "vit": 0.85}, {"slice/ood": ood,
+                                                                    "slice/id": np.setdiff1d(np.arange(N), ood)})
+    led = ledger.judge(_params({"resnet": ["alignment"], "vit": ["alignment"]}), runs, items, {}, {}, 0)
+    row = led.set_index("id").loc["alignment.resnet_vs_vit.alignment"]
+    assert row.reason == "" and row.verdict == "held" and row.ci_lo > 0 and row.p_holm < 0.05
+    # the family: this row's directional t and its TOST, nothing else (Holm: the smaller x 2, the larger x 1)
+    assert row.p_holm == pytest.approx(min(1.0, 2 * row.p))
+    assert row.p_tost_holm == pytest.approx(max(row.p_holm, row.p_tost))
+    assert row.item_se > 0 and row.ci_method == "seed-level paired t (5 seeds)"
+    assert {"margin", "margin_reason", "reason", "ci_method", "p_tost", "seeds_needed", "needs_seeds", "floor_lo",
+            "floor_hi", "analytic_floor", "in_a", "in_b", "item_se"} <= set(led.columns)
+
+
+def test_one_seed_rows_are_underpowered_without_an_invented_number():
+    ood = np.arange(0, N, 4)
+    runs, items = _tiny("alignment", {"resnet": 0.97, "vit": 0.85}, {"slice/ood": ood}, seeds=1)
+    led = ledger.judge(_params({"resnet": ["alignment"], "vit": ["alignment"]}), runs, items, {}, {}, 0)
+    row = led.set_index("id").loc["alignment.resnet_vs_vit.alignment"]
+    assert row.verdict == "underpowered" and row.needs_seeds.startswith("2+ (one seed")
+    assert np.isnan(row.ci_lo) and np.isnan(row.p) and pd.isna(row.seeds_needed)
