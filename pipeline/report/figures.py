@@ -407,3 +407,10 @@ def learning_figure(hist: pd.DataFrame):
                 ax.set_xlabel("optimizer step")
     _legend(fig, _sorted_archs(hist))
     return fig
+
+
+def vega_colour_scale() -> dict:
+    """The arch -> colour mapping as a vega-lite scale, so .dvc/plots/arch_lines.json colours DVC's plots like
+    the PNGs (tests/test_figures.py checks the template against it)."""
+    order = arch_order()
+    return {"domain": order, "range": [colour(a) for a in order]}
