@@ -38,11 +38,53 @@ from pipeline.environment import environment
 from pipeline.errors import ConfigError, StageError
 
 STORE_NAME = "mlflow.db"
-# MLflow 3 opens an experiment of this kind on its runs table (classic training), not the GenAI overview.
+# MLflow 3 before 3.5 opens an experiment of this kind on its runs table (classic training), not the GenAI overview.
+# Later UIs (3.17 checked: its bundle reads the tag only when a workflow-type flag is off, and that flag is on) take
+# the kind from the page's ``workflowType`` URL parameter, else the browser's stored choice (default "genai"):
+# only a link that carries the parameter (:func:`runs_url`) opens a fresh browser on the runs table.
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+WORKFLOW_QUERY = "workflowType=machine_learning"
 # The runs table's saved view: a fresh browser opening #/experiments/<id>/runs?viewStateShareKey=headline sees
 # these metric columns (MLflow 3 keeps the column choice per browser otherwise; checked in headless Chromium).
 HEADLINE_COLUMNS = ["test_acc", "slice/id", "slice/ood", "val_acc", "params", "train_flops"]
+
+
+def runs_url(base: str, experiment_id: str) -> str:
+    """The link that opens an experiment on its runs table with the headline columns, in any browser."""
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?{WORKFLOW_QUERY}&viewStateShareKey=headline"
+
+
+def _description(experiment_id: str) -> dict[str, str]:
+    """The experiment's description (MLflow shows it above the runs): how to get back to this view."""
+    link = runs_url("http://127.0.0.1:5000", experiment_id)
+    return {"mlflow.note.content": f"Runs table with the headline columns: {link} (`make mlflow-ui`). Without "
+            f"`{WORKFLOW_QUERY}` MLflow 3 opens the GenAI overview until **Model training** is picked once."}
+
+
+def run_label(name: str) -> str:
+    """The MLflow run name: the pipeline's name with the seed moved before size and steps
+    (``train/vit/alignment/n4000-t1000-s0-d0`` -> ``train/vit/alignment/s0 n4000-t1000-d0``), so a column that
+    cuts the name still shows which seed it is. The kind/arch/task prefix stays (runs are searched by it)."""
+    head, _, tail = name.rpartition("/")
+    parts = tail.split("-")
+    seeds = [p for p in parts if re.fullmatch(r"s\d+", p)]
+    if not head or len(seeds) != 1:
+        return name
+    rest = "-".join(p for p in parts if p != seeds[0])
+    return f"{head}/{seeds[0]} {rest}" if rest else f"{head}/{seeds[0]}"
+
+
+def run_description(tags: dict[str, str]) -> str:
+    """One readable line for the runs table's Description column, from the tags a run is opened with."""
+    t = tags.get
+    if not (t("arch") and t("task")):
+        return ""
+    line = f"{t('arch')} on {t('task')}, seed {t('seed', '?')}"
+    extra = [f"{t('train_size')} images" if t("train_size") else "", f"{t('steps')} steps" if t("steps") else "",
+             f"data draw {t('data_seed')}" if t("data_seed") not in (None, "0") else "",
+             f"{t('budget_mode')} budget" if t("budget_mode") not in (None, "steps") else "",
+             f"teacher {t('teacher.arch')}" if t("teacher.arch") else ""]
+    return ", ".join([line, *[e for e in extra if e]])
 
 
 def _headline_view() -> dict[str, str]:
@@ -231,8 +273,10 @@ def ensure_experiment(name: str, uri: str) -> str:
         exp = client.get_experiment_by_name(name)
         tags = {**EXPERIMENT_KIND, **_headline_view()}
         if exp is None:
-            return client.create_experiment(name, tags=tags)
-        for k, v in tags.items():
+            exp_id = client.create_experiment(name, tags=tags)
+            client.set_experiment_tag(exp_id, *next(iter(_description(exp_id).items())))
+            return exp_id
+        for k, v in {**tags, **_description(exp.experiment_id)}.items():
             if exp.tags.get(k) != v:
                 client.set_experiment_tag(exp.experiment_id, k, v)
         return exp.experiment_id
@@ -314,8 +358,10 @@ class StageRun:
                 return run_id
             except MlflowException:
                 pass  # deleted, or from another store: start a new one
-        all_tags = {**self.tags, **tags, "mlflow.parentRunId": self.run_id}
-        run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
+        note = run_description(tags)
+        all_tags = {**self.tags, **tags, "mlflow.parentRunId": self.run_id,
+                    **({"mlflow.note.content": note} if note else {})}
+        run = self.client.create_run(self.experiment_id, run_name=run_label(name), tags=all_tags)
         self.running.add(run.info.run_id)
         self.log(run.info.run_id, params=params)
         return run.info.run_id

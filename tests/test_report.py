@@ -148,9 +148,12 @@ def test_cells_flag_bimodal_and_count_escapes(tmp_path, params_path):
     readme = (out / "README.md").read_text()
     findings = readme.split("## Findings")[1].split("Shortcut floors")[0]
     assert 1 <= findings.count("**") // 2 <= 5 and "Minimal pair resnet vs vit" in findings
-    for name in ("accuracy", "alignment_offset", "scale_size", "relation_distance", "relation_window", "data_size",
-                 "learning_curves"):
+    for name in ("ledger", "accuracy", "alignment_offset", "relation_window", "learning_curves"):
         assert (out / "figures" / f"{name}.png").stat().st_size > 0
+    for name in ("scale_size", "relation_distance", "data_size"):  # no such slices or grid here: no empty canvas
+        assert not (out / "figures" / f"{name}.png").exists()
+    assert readme.index("figures/ledger.png") < readme.index("figures/accuracy.png")
+    assert "Not run in this profile (no figure): Accuracy vs object size" in readme
     plot = pd.read_csv(out / "tables" / "plot_alignment_offset.csv")  # fixed columns for dvc plots
     assert plot.columns[0] == "x" and set(plot.columns[1:]) == {"vit", "vit_nopos", "vit_sincos", "swin",
                                                                 "swin_noshift", "resnet"}

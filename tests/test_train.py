@@ -100,7 +100,7 @@ def test_run_is_tracked_with_budget_slices_and_curves(runs):
     assert (folder(runs["out"]["a"]) / WEIGHTS).exists() and m["num_classes"] == 4
     c = client(runs)
     rec = c.get_run(m["mlflow_run_id"])
-    assert rec.info.status == "FINISHED" and rec.info.run_name == "train/vit/alignment/n128-t20-s0-d0-criterion"
+    assert rec.info.status == "FINISHED" and rec.info.run_name == "train/vit/alignment/s0 n128-t20-d0-criterion"
     assert rec.data.metrics["budget/train_flops"] == m["budget"]["train_flops"]
     assert rec.data.metrics["test_acc"] == m["test_acc"]
     assert rec.data.params["train.recipe.lr"] == str(runs["params"].train.recipe.lr)

@@ -1,8 +1,11 @@
 """Figures from aggregated frames (no file access: the stage saves them with :func:`pipeline.io.save_figure`).
 
-One colour per architecture in every panel of every figure (:func:`colour`, fixed by the order of
-:data:`pipeline.archs.ARCHS`), one legend per figure covering every panel, placed outside the axes so it never
-covers data. Error bars are the report's intervals (hierarchical bootstrap); bimodal cells carry "k/n".
+One style per architecture in every panel of every figure (:func:`style`: a colour from a colour-blind-safe
+list, fixed by the order of :data:`pipeline.archs.ARCHS`, and a marker per family, so two similar colours in
+different families still differ). One legend per figure, outside the axes so it never covers data. Error bars
+are the report's intervals (hierarchical bootstrap); bimodal cells carry "k/n". Text is >= 8 pt at the saved size
+and no tick label is rotated. A figure function returns None when it has nothing to draw: the report then writes
+no file and lists the figure as not run (an empty canvas says nothing).
 """
 
 from __future__ import annotations
@@ -14,11 +17,22 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 
 FALLBACK_ORDER = ("vit", "vit_nopos", "vit_sincos", "vit_sincos_init", "vit_convstem", "vit_overlap", "deit",
                   "deit_labels", "deit_vit", "swin", "swin_noshift", "swin_local", "resnet", "resnet_s1",
                   "resnet_aa", "nomix")
-CI_LABEL = "test accuracy (mean, 95% bootstrap CI)"
+CI_LABEL = "test accuracy (mean, 95% CI)"
+FONT = 9  # points; the embedded figures are viewed at 100%
+# Okabe-Ito and Paul Tol's muted/bright colours (colour-blind safe), ordered so that architectures next to each
+# other in ARCHS (a control beside its partner) get clearly different hues; yellow and sand are left out (pale).
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#882255", "#999933", "#332288",
+           "#44AA99", "#AA4499", "#000000", "#CC6677", "#117733", "#777777", "#DDAA33", "#EE3377", "#6699CC")
+FAMILY_MARKER = {"vit": "o", "deit": "D", "swin": "s", "resnet": "^", "nomix": "X"}
+GRID_ALPHA = 0.3
+
+plt.rcParams.update({"font.size": FONT, "axes.titlesize": FONT, "axes.labelsize": FONT, "xtick.labelsize": 8,
+                     "ytick.labelsize": 8, "legend.fontsize": 8, "figure.titlesize": FONT + 1})
 
 
 def arch_order() -> list[str]:
@@ -31,31 +45,42 @@ def arch_order() -> list[str]:
     return names + [a for a in FALLBACK_ORDER if a not in names]
 
 
-def colour(arch: str) -> tuple:
-    """A fixed colour per architecture (tab20 by the order of :func:`arch_order`; unknown names after it)."""
+def family(arch: str) -> str:
+    """pipeline.archs' family; a student not listed there (deit_vit) by its name's first part."""
+    try:
+        from pipeline.archs import ARCHS
+        if arch in ARCHS:
+            return ARCHS[arch].family
+    except ImportError:
+        pass
+    head = arch.split("_")[0]
+    return head if head in FAMILY_MARKER else arch
+
+
+def colour(arch: str) -> str:
+    """The architecture's colour in every figure (PALETTE by :func:`arch_order`; unknown names hashed into it)."""
     order = arch_order()
     i = order.index(arch) if arch in order else len(order) + sum(map(ord, arch))
-    i %= 20
-    return plt.get_cmap("tab20")(2 * (i % 10) + i // 10)  # the ten dark colours first, then their light pairs
+    return PALETTE[i % len(PALETTE)]
 
 
-def _legend(fig, archs, extra: tuple = ()) -> None:
-    """One legend for the whole figure, right of the panels (covers no data)."""
-    handles = [Line2D([], [], color=colour(a), marker="o", lw=1.5, label=a) for a in archs] + list(extra)
+def style(arch: str) -> dict:
+    """Matplotlib keywords for one architecture: its colour and its family's marker."""
+    return {"color": colour(arch), "marker": FAMILY_MARKER.get(family(arch), "o")}
+
+
+def _legend(fig, archs, extra: tuple = (), loc: str = "outside right upper") -> None:
+    """One legend for the whole figure, outside the panels (covers no data)."""
+    handles = [Line2D([], [], lw=1.5, label=a, **style(a)) for a in archs] + list(extra)
     if handles:
-        fig.legend(handles=handles, loc="outside right upper", fontsize=7, frameon=False)
+        fig.legend(handles=handles, loc=loc, frameon=False)
 
 
-def _errorbars(ax, g: pd.DataFrame, arch: str, x: str = "x") -> None:
+def _errorbars(ax, g: pd.DataFrame, arch: str, x: str = "x", **kw) -> None:
     g = g.sort_values(x).astype({"mean": float, "ci_lo": float, "ci_hi": float})
     err = np.vstack([g["mean"] - g["ci_lo"], g["ci_hi"] - g["mean"]]).clip(min=0)
-    ax.errorbar(g[x], g["mean"], yerr=None if np.isnan(err).all() else err, marker="o", ms=3, capsize=2,
-                color=colour(arch), lw=1.2)
-
-
-def _empty(ax, what: str) -> None:
-    ax.text(0.5, 0.5, f"{what}: not run", ha="center", va="center", transform=ax.transAxes)
-    ax.set_axis_off()
+    ax.errorbar(g[x], g["mean"], yerr=None if np.isnan(err).all() else err, ms=4, capsize=2, lw=1.2,
+                **{**style(arch), **kw})
 
 
 def _sorted_archs(frame: pd.DataFrame) -> list[str]:
@@ -63,73 +88,212 @@ def _sorted_archs(frame: pd.DataFrame) -> list[str]:
     return sorted(frame["arch"].unique(), key=lambda a: (order.index(a) if a in order else len(order), a))
 
 
-def factor_figure(curve: pd.DataFrame, xlabel: str, title: str, floor: float | None = None,
-                  shade: tuple[float, float] | None = None, shade_label: str = "training range",
-                  vlines: tuple[tuple[float, str], ...] = ()):
-    """Test accuracy vs one factor, one line per architecture (measurement); dotted: the shortcut floor."""
-    fig, ax = plt.subplots(figsize=(7, 3.6), layout="constrained")
-    if curve.empty:
-        _empty(ax, title)
-        return fig
-    extra = []
-    if shade is not None:
-        ax.axvspan(*shade, color="0.9")
-        extra.append(matplotlib.patches.Patch(color="0.9", label=shade_label))
-    for xv, label in vlines:
-        ax.axvline(xv, color="0.4", ls="--", lw=1)
-        extra.append(Line2D([], [], color="0.4", ls="--", label=label))
-    if floor is not None and floor == floor:
-        ax.axhline(floor, color="0.3", ls=":", lw=1)
-        extra.append(Line2D([], [], color="0.3", ls=":", label=f"shortcut floor {floor:.2f}"))
-    archs = _sorted_archs(curve)
-    for arch in archs:
-        _errorbars(ax, curve[curve.arch == arch], arch)
-    ax.set(xlabel=xlabel, ylabel=CI_LABEL, title=title, ylim=(-0.02, 1.02))
-    _legend(fig, archs, tuple(extra))
+def _accuracy_axis(ax, label: str | None = CI_LABEL) -> None:
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(axis="y", alpha=GRID_ALPHA)
+    if label:
+        ax.set_ylabel(label)
+
+
+# --------------------------------------------------------------------------- the ledger (the study's answer)
+# Verdict -> how its row is drawn. Rows that decide nothing are hollow; `uninformative` ones also grey, text too.
+VERDICT_STYLE = {
+    "held": {"marker": "o", "color": "#009E73", "filled": True},
+    "failed": {"marker": "X", "color": "#D55E00", "filled": True},
+    "equivalent": {"marker": "D", "color": "#0072B2", "filled": True},
+    "underpowered": {"marker": "o", "color": "#E69F00", "filled": False},
+    "uninformative": {"marker": "o", "color": "#9A9A9A", "filled": False},
+    "not run": {"marker": "x", "color": "#9A9A9A", "filled": False},
+}
+OTHER_VERDICT = {"marker": "s", "color": "#9A9A9A", "filled": False}
+GREY_VERDICTS = ("uninformative", "not run")
+MARGIN_COLOUR = "#56B4E9"
+
+
+def ledger_rows(led: pd.DataFrame) -> pd.DataFrame:
+    """The rows a forest plot can show (paired and floor: an estimate with an interval), grouped by finding in
+    the order findings first appear, ledger order within each."""
+    if led.empty or "kind" not in led:
+        return led.iloc[0:0]
+    rows = led[led.kind.isin(["paired", "floor"])].copy()
+    for c in ("estimate", "ci_lo", "ci_hi"):
+        rows[c] = pd.to_numeric(rows[c], errors="coerce")
+    rank = {f: i for i, f in enumerate(dict.fromkeys(rows.finding))}
+    return rows.assign(_rank=rows.finding.map(rank)).sort_values("_rank", kind="stable").drop(columns="_rank")
+
+
+def ledger_layout(rows: pd.DataFrame) -> tuple[list[float], list[tuple[float, str]]]:
+    """y of every row (top to bottom) and (y, finding) of each group's header line above its rows."""
+    ys, headers, y = [], [], 0.0
+    for finding, group in rows.groupby("finding", sort=False):
+        headers.append((y, str(finding)))
+        ys += [y + 1 + i for i in range(len(group))]
+        y += len(group) + 1.6  # the header line and a small gap between groups
+    return ys, headers
+
+
+def _verdict_note(r) -> str:
+    """The text right of a row: its verdict, with the seeds needed or the reason it decides nothing."""
+    v = str(r.verdict)
+    seeds = getattr(r, "needs_seeds", None)
+    reason = getattr(r, "reason", None)
+    if isinstance(reason, str) and reason.strip():
+        text = reason.strip()
+        return f"{v}: {text[:38]}{'...' if len(text) > 38 else ''}"
+    if v == "underpowered" and seeds == seeds and seeds is not None:
+        return f"{v} (needs {int(float(seeds))} seeds)"
+    return v
+
+
+def ledger_figure(led: pd.DataFrame, margin: float):
+    """Forest plot of the ledger: per row its estimate (a - b, or a - shortcut floor) with the CI, 0 marked, the
+    equivalence margin (the row's ``margin`` column, else ``margin``) shaded; marker and colour say the verdict."""
+    rows = ledger_rows(led)
+    if rows.empty:
+        return None
+    ys, headers = ledger_layout(rows)
+    height = 0.19 * (ys[-1] + 2) + 1.3
+    fig, ax = plt.subplots(figsize=(9.5, height), layout="constrained")
+    margins = pd.to_numeric(rows["margin"], errors="coerce").fillna(margin) if "margin" in rows else \
+        pd.Series(margin, index=rows.index)
+    for y, r, m in zip(ys, rows.itertuples(), margins, strict=True):
+        st = VERDICT_STYLE.get(str(r.verdict), OTHER_VERDICT)
+        ax.fill_betweenx([y - 0.42, y + 0.42], -m, m, color=MARGIN_COLOUR, alpha=0.18, lw=0)
+        err = None if r.ci_lo != r.ci_lo else [[max(r.estimate - r.ci_lo, 0)], [max(r.ci_hi - r.estimate, 0)]]
+        ax.errorbar([r.estimate], [y], xerr=err, marker=st["marker"], ms=6, capsize=2, lw=1.3, color=st["color"],
+                    mfc=st["color"] if st["filled"] else "white", mec=st["color"], mew=1.4)
+        grey = str(r.verdict) in GREY_VERDICTS
+        ax.annotate(_verdict_note(r), (1.01, y), xycoords=("axes fraction", "data"), va="center", fontsize=8,
+                    color="0.55" if grey else "0.15", annotation_clip=False)
+    ax.axvline(0, color="0.2", lw=1)
+    ax.set_yticks(ys, list(rows["id"]))
+    for label, r in zip(ax.get_yticklabels(), rows.itertuples(), strict=True):
+        label.set_color("0.55" if str(r.verdict) in GREY_VERDICTS else "0.1")
+    for y, finding in headers:
+        ax.annotate(finding, (0, y), xycoords=("axes fraction", "data"), xytext=(-6, 0), textcoords="offset points",
+                    ha="right", va="center", fontweight="bold", fontsize=FONT, annotation_clip=False)
+        ax.axhline(y + 0.3, color="0.85", lw=0.8)
+    ax.set_ylim(ys[-1] + 1, -1)  # top to bottom, as in the table
+    ax.tick_params(axis="x", labeltop=True, top=True)
+    ax.grid(axis="x", alpha=GRID_ALPHA)
+    ax.set_xlabel("estimate, accuracy points: a - b (paired rows) or a - shortcut floor (floor rows); 95% CI")
+    seen = list(dict.fromkeys(str(v) for v in rows.verdict))
+    handles = [Line2D([], [], ls="", marker=s["marker"], ms=6, color=s["color"], mec=s["color"],
+                      mfc=s["color"] if s["filled"] else "white", label=v)
+               for v in seen for s in [VERDICT_STYLE.get(v, OTHER_VERDICT)]]
+    handles.append(Patch(color=MARGIN_COLOUR, alpha=0.35, label="equivalence margin"))
+    fig.legend(handles=handles, loc="outside upper center", ncols=len(handles), frameon=False)
     return fig
 
 
+# --------------------------------------------------------------------------- accuracy per cell
+def _text_colour(value: float) -> str:
+    return "white" if value < 0.55 else "black"  # viridis is dark below about the middle
+
+
 def cell_figure(cells: pd.DataFrame, floors: dict[str, float]):
-    """Per task: every architecture's mean with its CI; "k/n" (seeds reaching the escape threshold) beside the
-    bimodal cells; dotted: the task's shortcut floor."""
-    tasks = sorted(cells.task.unique()) if not cells.empty else []
-    fig, axes = plt.subplots(1, max(1, len(tasks)), figsize=(3.4 * max(1, len(tasks)) + 1.5, 3.6), squeeze=False,
-                             layout="constrained", sharey=True)
-    if not tasks:
-        _empty(axes[0, 0], "accuracy")
-        return fig
-    archs = _sorted_archs(cells)
-    for ax, task in zip(axes[0], tasks, strict=True):
-        sub = cells[cells.task == task].set_index("arch")
-        shown = [a for a in archs if a in sub.index]
-        for i, a in enumerate(shown):
-            r = sub.loc[[a]].iloc[0]
-            err = None if r.ci_lo != r.ci_lo else [[max(r["mean"] - r.ci_lo, 0)], [max(r.ci_hi - r["mean"], 0)]]
-            ax.errorbar([i], [r["mean"]], yerr=err, marker="o", color=colour(a), capsize=2)
-            if r.bimodal:
-                ax.annotate(f"{r.k_escaped}/{r.n}", (i, r["mean"]), xytext=(4, 0), textcoords="offset points",
-                            fontsize=6, va="center")
-        if (f := floors.get(task)) is not None and f == f:
-            ax.axhline(f, color="0.3", ls=":", lw=1)
-        ax.set_xticks(range(len(shown)), shown, rotation=60, fontsize=6)
-        ax.set(title=task, ylim=(-0.02, 1.02))
-    axes[0, 0].set_ylabel(CI_LABEL)
-    _legend(fig, archs, (Line2D([], [], color="0.3", ls=":", label="shortcut floor"),
-                         Line2D([], [], ls="", label="k/n: seeds reaching\nthe escape threshold (bimodal)")))
+    """Heat map architecture x task of the main-grid mean, the number in each cell with its CI half-width, or
+    "k/n" (seeds reaching the escape threshold) where the cell is bimodal; each task's floor in its header."""
+    if cells.empty:
+        return None
+    tasks, archs = sorted(cells.task.unique()), _sorted_archs(cells)
+    cell = {(r.arch, r.task): r for r in cells.itertuples()}
+    grid = np.array([[float(cell[(a, t)].mean) if (a, t) in cell else np.nan for t in tasks] for a in archs])
+    fig, ax = plt.subplots(figsize=(1.15 * len(tasks) + 2.8, 0.34 * len(archs) + 1.3), layout="constrained")
+    ax.set_facecolor("0.93")  # cells not run
+    image = ax.imshow(np.ma.masked_invalid(grid), vmin=0, vmax=1, cmap="viridis", aspect="auto")
+    for i, a in enumerate(archs):
+        for j, t in enumerate(tasks):
+            if (r := cell.get((a, t))) is None:
+                ax.text(j, i, "not run", ha="center", va="center", fontsize=8, color="0.45")
+                continue
+            half = (r.ci_hi - r.ci_lo) / 2 if r.ci_lo == r.ci_lo else np.nan
+            detail = f"{r.k_escaped}/{r.n}" if bool(r.bimodal) else ("" if half != half else f"±{half:.2f}")
+            ax.text(j, i, f"{r.mean:.2f} {detail}".strip(), ha="center", va="center", fontsize=8,
+                    color=_text_colour(r.mean), fontweight="bold" if bool(r.bimodal) else "normal")
+        ax.plot([-0.018], [i], ms=6, ls="", clip_on=False, transform=ax.get_yaxis_transform(),
+                **style(a))  # the arch's colour and marker: ties the row to the other figures
+    heads = [t if (f := floors.get(t)) is None or f != f else f"{t}\nfloor {f:.2f}" for t in tasks]
+    ax.set_xticks(range(len(tasks)), heads)
+    ax.set_yticks(range(len(archs)), archs)
+    ax.tick_params(axis="y", pad=16, length=0)
+    ax.tick_params(axis="x", top=True, labeltop=True, bottom=False, labelbottom=False, length=0)
+    ax.set_xlabel("mean ± half the 95% CI; bold k/n: a bimodal cell, k of n seeds reaching the escape threshold")
+    fig.colorbar(image, ax=ax, label="test accuracy (mean over seeds x items)", shrink=0.7)
+    return fig
+
+
+# --------------------------------------------------------------------------- accuracy vs one factor
+def _family_groups(archs: list[str]) -> list[tuple[str, list[str]]]:
+    groups: dict[str, list[str]] = {}
+    for a in archs:
+        groups.setdefault(family(a), []).append(a)
+    return list(groups.items())
+
+
+def _factor_marks(ax, floor, shade, vlines) -> None:
+    if shade is not None:
+        ax.axvspan(*shade, color="0.9")
+    for xv, _ in vlines:
+        ax.axvline(xv, color="0.4", ls="--", lw=1)
+    if floor is not None and floor == floor:
+        ax.axhline(floor, color="0.3", ls=":", lw=1)
+
+
+def _factor_extra(floor, shade, shade_label, vlines) -> list:
+    extra = [Patch(color="0.9", label=shade_label)] if shade is not None else []
+    extra += [Line2D([], [], color="0.4", ls="--", label=label) for _, label in vlines]
+    if floor is not None and floor == floor:
+        extra.append(Line2D([], [], color="0.3", ls=":", label=f"shortcut floor {floor:.2f}"))
+    return extra
+
+
+def factor_figure(curve: pd.DataFrame, xlabel: str, title: str, floor: float | None = None,
+                  shade: tuple[float, float] | None = None, shade_label: str = "training range",
+                  vlines: tuple[tuple[float, str], ...] = (), panels: bool = False):
+    """Test accuracy vs one factor, one line per architecture (measurement); dotted: the shortcut floor.
+    ``panels``: one panel per family (the other families in light grey behind), so many lines stay apart."""
+    if curve.empty:
+        return None
+    archs = _sorted_archs(curve)
+    groups = _family_groups(archs) if panels else [("", archs)]
+    cols = min(3, len(groups))
+    rows = -(-len(groups) // cols)
+    w, h = (3.4, 2.7) if panels else (5.6, 3.4)
+    fig, axes = plt.subplots(rows, cols, figsize=(w * cols + 1.6, h * rows + 0.6), squeeze=False,
+                             sharex=True, sharey=True, layout="constrained")
+    for ax, (fam, members) in zip(axes.flat, groups, strict=False):
+        _factor_marks(ax, floor, shade, vlines)
+        for other in (a for a in archs if a not in members):  # context: where the other families lie
+            g = curve[curve.arch == other].sort_values("x")
+            ax.plot(g.x, g["mean"], color="0.82", lw=0.9, zorder=1)
+        for arch in members:
+            _errorbars(ax, curve[curve.arch == arch], arch)
+        _accuracy_axis(ax, None)
+        if fam:
+            ax.set_title(f"{fam} family", fontsize=FONT)
+    for ax in list(axes.flat)[len(groups):]:
+        ax.set_axis_off()
+    fig.supxlabel(xlabel, fontsize=FONT)
+    fig.supylabel(CI_LABEL, fontsize=FONT)
+    if panels:
+        fig.suptitle(f"{title}  (grey: the other families)")
+    else:
+        axes[0, 0].set_title(title)  # a suptitle would run into the legend
+    _legend(fig, archs, tuple(_factor_extra(floor, shade, shade_label, vlines)))
     return fig
 
 
 def offset_figure(grid: pd.DataFrame, train_range: tuple[int, int]):
     """Alignment accuracy per (dx, dy) offset, one heatmap per architecture: in-distribution offsets (inside
     the box: both dx and dy in the training range) and unseen ones kept apart, never pooled."""
-    archs = _sorted_archs(grid) if not grid.empty else []
-    cols = max(1, min(4, len(archs)))
-    rows = max(1, -(-len(archs) // cols))
+    if grid.empty:
+        return None
+    archs = _sorted_archs(grid)
+    cols = min(4, len(archs))
+    rows = -(-len(archs) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols + 1.2, 2.5 * rows), squeeze=False,
                              layout="constrained")
-    if not archs:
-        _empty(axes[0, 0], "alignment offsets")
-        return fig
     lo, hi = train_range
     image = None
     for ax, arch in zip(axes.flat, archs, strict=False):
@@ -139,87 +303,114 @@ def offset_figure(grid: pd.DataFrame, train_range: tuple[int, int]):
                                   piv.index.max() + 0.5))
         ax.add_patch(matplotlib.patches.Rectangle((lo - 0.5, lo - 0.5), hi - lo + 1, hi - lo + 1, fill=False,
                                                   ec="white", lw=1.5))
-        ax.set_title(arch, fontsize=8, color=colour(arch))
+        ax.set_title(arch, fontsize=FONT, color="0.1")  # dark text: pale arch colours are unreadable on white
         ax.set(xlabel="dx (px)", ylabel="dy (px)")
     for ax in list(axes.flat)[len(archs):]:
         ax.set_axis_off()
     fig.colorbar(image, ax=axes, label="test accuracy (mean over seeds)", shrink=0.8)
-    fig.suptitle("alignment: accuracy per sub-patch offset (white box: offsets seen in training)", fontsize=9)
+    fig.suptitle("alignment: accuracy per sub-patch offset (white box: offsets seen in training)")
     return fig
 
 
 def window_bars(table: pd.DataFrame, title: str, floor: float | None = None):
     """Relation accuracy on mark pairs in one window (solid) vs across windows (hatched), per partition;
-    one colour per architecture."""
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True, layout="constrained")
-    archs = _sorted_archs(table) if not table.empty else []
-    for ax, factor in zip(axes, ("window", "shifted_window"), strict=True):
-        sub = table[table.factor == factor] if not table.empty else table
-        if sub.empty:
-            _empty(ax, factor)
-            continue
-        shown = [a for a in archs if a in set(sub.arch)]
+    one colour per architecture. Horizontal bars, so the names read without rotation."""
+    parts = [(f, table[table.factor == f]) for f in ("window", "shifted_window")] if not table.empty else []
+    parts = [(f, s) for f, s in parts if not s.empty]
+    if not parts:
+        return None
+    archs = _sorted_archs(table)
+    fig, axes = plt.subplots(1, len(parts), figsize=(3.6 * len(parts) + 2.2, 0.42 * len(archs) + 1.4),
+                             sharey=True, squeeze=False, layout="constrained")
+    for ax, (factor, sub) in zip(axes[0], parts, strict=True):
         for j, (value, hatch) in enumerate((("same", ""), ("cross", "///"))):
-            rows = sub[sub.value == value].set_index("arch").reindex(shown)
+            rows = sub[sub.value == value].set_index("arch").reindex(archs)
             err = np.vstack([rows["mean"] - rows["ci_lo"], rows["ci_hi"] - rows["mean"]]).clip(min=0)
-            ax.bar(np.arange(len(shown)) + (j - 0.5) * 0.4, rows["mean"], width=0.4, hatch=hatch,
-                   color=[colour(a) for a in shown], edgecolor="0.2", yerr=None if np.isnan(err).all() else err,
-                   capsize=2)
+            ax.barh(np.arange(len(archs)) + (j - 0.5) * 0.4, rows["mean"], height=0.4, hatch=hatch,
+                    color=[colour(a) for a in archs], edgecolor="0.6", capsize=2, ecolor="0.4",  # 0.6: seen on black
+                    xerr=None if np.isnan(err).all() else err)
         if floor is not None and floor == floor:
-            ax.axhline(floor, color="0.3", ls=":", lw=1)
-        ax.set_xticks(range(len(shown)), shown, rotation=30, fontsize=7)
-        ax.set_title(f"{factor} partition", fontsize=8)
-        ax.set_ylim(0, 1.02)
-    axes[0].set_ylabel(CI_LABEL)
-    fig.suptitle(title, fontsize=9)
-    from matplotlib.patches import Patch
-    _legend(fig, archs, (Patch(facecolor="white", edgecolor="0.2", label="same window"),
-                         Patch(facecolor="white", edgecolor="0.2", hatch="///", label="cross windows"),
-                         Line2D([], [], color="0.3", ls=":", label="shortcut floor")))
+            ax.axvline(floor, color="0.3", ls=":", lw=1)
+        ax.set_yticks(range(len(archs)), archs)
+        ax.set_ylim(len(archs) - 0.5, -0.5)
+        ax.set(xlim=(0, 1.02), xlabel=CI_LABEL, title=f"{factor} partition")
+        ax.grid(axis="x", alpha=GRID_ALPHA)
+    fig.suptitle(title)
+    fig.legend(handles=[Patch(facecolor="white", edgecolor="0.2", label="same window"),
+                        Patch(facecolor="white", edgecolor="0.2", hatch="///", label="cross windows"),
+                        Line2D([], [], color="0.3", ls=":", label="shortcut floor")],
+               loc="outside right upper", frameon=False)
     return fig
 
 
 def size_figure(curve: pd.DataFrame):
     """Test accuracy vs training-set size (log x), one panel per task (measurement)."""
-    tasks = sorted(curve.task.unique()) if not curve.empty else []
-    fig, axes = plt.subplots(1, max(1, len(tasks)), figsize=(4.5 * max(1, len(tasks)) + 1.5, 3.4), squeeze=False,
+    if curve.empty:
+        return None
+    tasks = sorted(curve.task.unique())
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks) + 1.6, 3.4), squeeze=False,
                              layout="constrained")
-    if not tasks:
-        _empty(axes[0, 0], "data-size curve")
-        return fig
     for ax, task in zip(axes[0], tasks, strict=True):
         sub = curve[curve.task == task].rename(columns={"train_size": "x"})
         for arch in _sorted_archs(sub):
             _errorbars(ax, sub[sub.arch == arch], arch)
         ax.set_xscale("log")
-        ax.set(title=f"{task}: accuracy vs training-set size", xlabel="training images (log scale)",
-               ylabel=CI_LABEL, ylim=(-0.02, 1.02))
+        ax.set(title=f"{task}: accuracy vs training-set size", xlabel="training images (log scale)")
+        _accuracy_axis(ax)
     _legend(fig, _sorted_archs(curve))
     return fig
 
 
+# --------------------------------------------------------------------------- learning curves
+HISTORY_COLUMNS = ["task", "arch", "seed", "metric", "step", "value"]
+
+
+def history_points(records: list[dict], source: str = "runs") -> pd.DataFrame:
+    """Long frame (task, arch, seed, metric, step, value) of every logged point: the training loss from a run's
+    ``series`` (every ``log_every_steps``), falling back to its validation ``curve``; validation accuracy from
+    the ``curve``."""
+    rows = []
+    for m in records:
+        if m.get("source") != source:
+            continue
+        head = {"task": m.get("task"), "arch": m.get("arch"), "seed": m.get("seed")}
+        series = [(p["step"], p.get("train/loss")) for p in m.get("series") or []]
+        curve = m.get("curve") or []
+        loss = series if any(v is not None for _, v in series) else [(p["step"], p.get("train_loss")) for p in curve]
+        points = [("train/loss", s, v) for s, v in loss] + [("val/acc", p["step"], p.get("val_acc")) for p in curve]
+        rows += [{**head, "metric": k, "step": s, "value": float(v)} for k, s, v in points
+                 if v is not None and v == v]
+    return pd.DataFrame(rows, columns=HISTORY_COLUMNS)
+
+
 def learning_figure(hist: pd.DataFrame):
-    """One row per task: train/loss and val/acc vs optimizer step, seed mean per architecture (measurement).
-    Tall rather than wide, so a plot viewer that fits the width (DVC's) shows it whole."""
-    tasks = sorted(hist.task.unique()) if not hist.empty else []
-    fig, axes = plt.subplots(max(1, len(tasks)), 2, figsize=(9, 2.4 * max(1, len(tasks)) + 0.6), squeeze=False,
+    """One row per task: training loss and validation accuracy vs optimizer step, seed mean per architecture,
+    every logged point (measurement). Tall rather than wide, so a plot viewer that fits the width shows it whole."""
+    if hist.empty:
+        return None
+    tasks = sorted(hist.task.unique())
+    fig, axes = plt.subplots(len(tasks), 2, figsize=(9, 2.4 * len(tasks) + 0.6), squeeze=False,
                              layout="constrained")
-    if not tasks:
-        _empty(axes[0, 0], "learning curves")
-        axes[0, 1].set_axis_off()
-        return fig
     for i, task in enumerate(tasks):
         for j, (metric, label) in enumerate((("train/loss", "training loss"), ("val/acc", "validation accuracy"))):
             ax = axes[i, j]
             sub = hist[(hist.task == task) & (hist.metric == metric)]
             for arch in _sorted_archs(sub) if len(sub) else []:
                 m = sub[sub.arch == arch].groupby("step")["value"].mean()
-                if metric == "train/loss" and len(m) > 20:  # per-step loss is noisy: a rolling mean of 10 logs
-                    m = m.rolling(10, min_periods=1).mean()
                 ax.plot(m.index, m.values, lw=1, color=colour(arch))
-            ax.set_title(f"{task}: {label}", fontsize=8)
-            ax.set(xlabel="optimizer step" if i == len(tasks) - 1 else None)
+            ax.set_title(f"{task}: {label}")
+            ax.set_ylabel(label)
+            ax.grid(alpha=GRID_ALPHA)
             if j == 1:
                 ax.set_ylim(-0.02, 1.02)
+            if i == len(tasks) - 1:
+                ax.set_xlabel("optimizer step")
     _legend(fig, _sorted_archs(hist))
     return fig
+
+
+def vega_colour_scale() -> dict:
+    """The arch -> colour mapping as a vega-lite scale, so .dvc/plots/arch_lines.json colours DVC's plots like
+    the PNGs (tests/test_figures.py checks the template against it)."""
+    order = arch_order()
+    return {"domain": order, "range": [colour(a) for a in order]}

@@ -195,14 +195,24 @@ def figure_list(inp: Inputs, out: Path, frames: dict) -> dict[str, tuple[str, st
     t, p = inp.params.tasks, inp.params.geometry.patch_size
     floor = {k: v.get("floor") for k, v in inp.floors.items()}
     made: dict[str, tuple[str, str]] = {}
+    not_run: list[str] = []
 
     def save(name: str, figure, title: str, caption: str) -> None:
-        io.save_figure(figure, out / "figures" / f"{name}.png")
+        path = out / "figures" / f"{name}.png"
+        if figure is None:  # nothing to draw in this profile: no file (a stale one would mislead), not embedded
+            path.unlink(missing_ok=True)
+            not_run.append(title)
+            return
+        io.save_figure(figure, path)
         made[f"figures/{name}.png"] = (title, caption)
 
+    save("ledger", fig.ledger_figure(frames["ledger"], inp.params.report.equivalence_margin),
+         "The prediction ledger at a glance", "Every paired and floor row of the [ledger](tables/ledger.md), grouped "
+         "by finding: estimate with its 95% CI, 0 marked, the equivalence margin shaded; marker and colour give the "
+         "verdict, hollow rows decide nothing yet (underpowered) or at all (grey: uninformative).")
     save("accuracy", fig.cell_figure(frames["main"], floor), "Accuracy per architecture and task",
-         "Measurement: main grid, mean with hierarchical-bootstrap CI; k/n: seeds reaching the escape threshold "
-         "where the cell is bimodal; dotted: the task's shortcut floor.")
+         "Measurement: main grid, mean over seeds x test items and half its hierarchical-bootstrap CI; bold k/n: "
+         "seeds reaching the escape threshold where the cell is bimodal; each task's shortcut floor in its header.")
     config = cells.main_config(inp.runs)
     lo, hi = t.alignment.train_offsets
     save("alignment_offset", fig.offset_figure(cells.offset_grid(inp.runs, inp.items, config), (lo, hi)),
@@ -213,9 +223,10 @@ def figure_list(inp: Inputs, out: Path, frames: dict) -> dict[str, tuple[str, st
     slo, shi = t.scale.train_sizes
     save("scale_size", fig.factor_figure(size, f"object size / patch size P={p}", "scale: accuracy vs size",
                                          floor.get("scale"), (slo / p, shi / p), "training sizes",
-                                         ((1.0, "one patch"),)),
-         "Accuracy vs object size relative to the patch", "Measurement: accuracy per object size in patches; "
-         "grey band: sizes seen in training; dashed: one patch; dotted: shortcut floor.")
+                                         ((1.0, "one patch"),), panels=True),
+         "Accuracy vs object size relative to the patch", "Measurement: accuracy per object size in patches, one "
+         "panel per family (the others in light grey); grey band: sizes seen in training; dashed: one patch; "
+         "dotted: shortcut floor.")
     dist = agg.factor_curve(frames["slices"], "relation", "distance_tokens")
     window_cells = inp.params.models.swin.patch_size * inp.params.models.swin.window_size / p
     save("relation_distance", fig.factor_figure(dist, f"Chebyshev distance between the marks ({p} px cells)",
@@ -232,9 +243,14 @@ def figure_list(inp: Inputs, out: Path, frames: dict) -> dict[str, tuple[str, st
     save("data_size", fig.size_figure(frames["size"]), "Accuracy vs training-set size",
          "Measurement: the data-size curve runs, mean with hierarchical-bootstrap CI per training-set size.")
     plot_tables(inp, out, {"alignment_offset": dx_curve(cells.offset_grid(inp.runs, inp.items, config), (lo, hi)),
-                           "scale_size": size, "relation_distance": dist}, frames["size"])
-    save("learning_curves", fig.learning_figure(sources.learning_histories(inp.runs[inp.runs.source == "runs"])),
-         "Learning curves", "Measurement: training loss and validation accuracy per optimizer step, seed mean.")
+                           "scale_size": size, "relation_distance": dist}, frames["size"], frames["main"])
+    save("learning_curves", fig.learning_figure(fig.history_points(inp.records)), "Learning curves",
+         "Measurement: training loss (every logged step) and validation accuracy (every validation) per optimizer "
+         "step, seed mean.")
+    if not_run and made:  # markdown.readme embeds every entry: say so under the last figure instead
+        last = list(made)[-1]
+        title, caption = made[last]
+        made[last] = (title, f"{caption}\n\nNot run in this profile (no figure): {'; '.join(not_run)}.")
     return made
 
 
@@ -245,17 +261,31 @@ def dx_curve(grid: pd.DataFrame, train_range: tuple[int, int]) -> pd.DataFrame:
     return sub.groupby(["arch", "dx"], as_index=False)["acc"].mean().rename(columns={"dx": "x", "acc": "mean"})
 
 
-def plot_tables(inp: Inputs, out: Path, curves: dict[str, pd.DataFrame], size_tab: pd.DataFrame) -> None:
-    """The wide CSVs behind dvc.yaml's `plots:` (one column per configured architecture, empty if not run)."""
+def plot_tables(inp: Inputs, out: Path, curves: dict[str, pd.DataFrame], size_tab: pd.DataFrame,
+                main: pd.DataFrame | None = None) -> None:
+    """The CSVs behind dvc.yaml's `plots:`: one column per configured architecture (empty if not run), and the
+    data-size points in long form (see :func:`size_points`)."""
     archs = list(ledger.configured_cells(inp.params))
     for name, curve in curves.items():
         io.write_with(out / "tables" / f"plot_{name}.csv",
                       lambda f, c=curve: agg.wide(c, "x", archs).to_csv(f, index=False, float_format="%.6g"))
-    ds = size_tab.assign(x=size_tab.train_size, arch=size_tab.task + "/" + size_tab.arch)
-    curve = getattr(inp.params.train, "curve", None)
-    cols = [f"{t}/{a}" for t in curve.tasks for a in curve.archs] if curve is not None else sorted(set(ds.arch))
+    points = size_points(size_tab, main if main is not None else size_tab.iloc[0:0])
     io.write_with(out / "tables" / "plot_data_size.csv",
-                  lambda f: agg.wide(ds, "x", cols).to_csv(f, index=False, float_format="%.6g"))
+                  lambda f: points.to_csv(f, index=False, float_format="%.6g"))
+
+
+SIZE_POINT_COLUMNS = ["x", "series", "task", "arch", "mean", "ci_lo", "ci_hi"]
+
+
+def size_points(size_tab: pd.DataFrame, main: pd.DataFrame) -> pd.DataFrame:
+    """Long rows (x, series, task, arch, mean, CI) for the data-size plot: DVC's y is ``mean`` and the template
+    colours by ``arch``, so a profile draws whatever it ran, with no column list to keep in step. A profile without
+    the data-size grid gets the main-size points (one x per cell) rather than an empty plot."""
+    src = size_tab if len(size_tab) else main
+    if src is None or src.empty:
+        return pd.DataFrame(columns=SIZE_POINT_COLUMNS)
+    rows = src.assign(x=src.train_size, series=src.task + "/" + src.arch)
+    return rows[SIZE_POINT_COLUMNS].sort_values(["series", "x"]).reset_index(drop=True)
 
 
 def summary(frames: dict, floors: dict) -> dict:
