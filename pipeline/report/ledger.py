@@ -467,7 +467,8 @@ def counts(ledger: pd.DataFrame) -> dict[str, int]:
 def leads(ledger: pd.DataFrame) -> list[tuple[str, pd.DataFrame, pd.Series]]:
     """(finding, its rows, its lead row) in :data:`FINDINGS` order; the lead is the group's first decided row
     (rows keep the order of :data:`CONTRASTS`, primary minimal pair first), never picked by outcome. A finding
-    is stated only from informative rows: a group without a row that ran and is not uninformative is left out."""
+    is stated only from informative rows: a group whose rows that ran are all uninformative keeps its first row as
+    lead, and the README says it is undecided (a reader sees which findings this profile could not decide)."""
     if ledger.empty:
         return []
     order = {name: i for i, name in enumerate(FINDINGS)}
@@ -475,7 +476,5 @@ def leads(ledger: pd.DataFrame) -> list[tuple[str, pd.DataFrame, pd.Series]]:
     for name, g in sorted(ledger.groupby("finding", sort=False), key=lambda kv: order.get(kv[0], len(order))):
         ran = g[g.verdict != "not run"]
         decided = ran[ran.verdict != "uninformative"]
-        if len(ran) and decided.empty:
-            continue
-        out.append((name, g, (decided if len(decided) else g).iloc[0]))
+        out.append((name, g, (decided if len(decided) else ran if len(ran) else g).iloc[0]))
     return out
