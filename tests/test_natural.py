@@ -274,3 +274,19 @@ def test_evaluate_resolutions_matches_plain_prediction_at_the_training_size(arch
     assert list(out) == sizes and all(v["n"] == 20 for v in out.values())
     at_train = predict(model, resize_images(native, params.geometry.image_size, "area")).argmax(1)
     assert out[params.geometry.image_size]["acc"] == float((at_train == labels).mean())
+
+
+def test_subgroup_interval_is_over_seeds_not_pooled_items():
+    """5 seeds x the same 2,000 items: a Student-t interval over the seed means, not Wilson on 10,000 'items'."""
+    from scipy import stats as st
+
+    from pipeline.report.natural import subgroup_table
+
+    accs = [0.40, 0.42, 0.45, 0.41, 0.47]
+    recs = [{"task": "natural", "source": "runs", "arch": "vit", "seed": i,
+             "subgroups": {"zoom": {"1.0": {"acc": a, "n": 2000}}}} for i, a in enumerate(accs)]
+    row = subgroup_table(recs, 0.95).iloc[0]
+    lo, hi = st.t.interval(0.95, len(accs) - 1, loc=np.mean(accs), scale=st.sem(accs))
+    assert (row.seeds, row.n) == (5, 10000) and np.isclose(row.ci_lo, lo) and np.isclose(row.ci_hi, hi)
+    one = subgroup_table(recs[:1], 0.95).iloc[0]
+    assert np.isnan(one.ci_lo) and np.isnan(one.ci_hi)  # one seed: no interval, not a narrow one

@@ -1,7 +1,7 @@
 """Pure pandas: per-run records -> frames -> the report's tables.
 
-Intervals come from :mod:`pipeline.report.stats` through :mod:`pipeline.report.cells` (item-level
-hierarchical bootstrap); with no item data a table shows the point estimate and no interval.
+Intervals come from :mod:`pipeline.report.stats` through :mod:`pipeline.report.cells`: Student-t over seeds, the
+seed's accuracy on the shared test items (or its recorded test accuracy without item data).
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import pandas as pd
 
 from pipeline.report.sources import run_outcome, slice_acc
 
-CI_METHOD = ("hierarchical bootstrap (seeds, then test items; percentile); k of n seeds reaching the escape "
-             "threshold with a Clopper-Pearson interval")
+CI_METHOD = ("Student-t over seeds (per-seed accuracy on the shared test items; paired per seed for contrasts, "
+             "TOST for equivalence, one Holm family); k of n seeds reaching the escape threshold with a "
+             "Clopper-Pearson interval")
 
 # Run-level columns taken from metrics.json (budget counts, measurements) by :func:`runs_frame`.
 BUDGET_KEYS = ("params", "optimizer_steps", "batch_size", "images_seen", "tokens_per_image", "tokens_seen",

@@ -1,9 +1,10 @@
 """Level 3, natural images: subgroup slices, the resolution table with its position contract, literature anchors.
 
 Inputs are the metrics.json records (``subgroups``: {subgroup: {condition: {acc, consistency, n}}};
-``resolution``: {size_px: {acc, n}}) and the cell table. Intervals: a proportion pooled over seeds is shown
-with its seed mean and a Wilson interval on the pooled counts (acc x n summed over seeds) -- the seeds share
-one test set, so this interval covers test-item sampling only, which the table states.
+``resolution``: {size_px: {acc, n}}) and the cell table. Intervals: the seed mean of a subgroup's accuracy
+with a Student-t interval over seeds (the seed is the unit of replication; the seeds share one test set, so
+pooling their counts would treat seeds x items as independent items, about sqrt(seeds) too narrow); one seed:
+no interval.
 """
 
 from __future__ import annotations
@@ -17,15 +18,14 @@ from pipeline.report import stats
 
 
 def _pooled(values: list[tuple[float, int]], level: float) -> dict:
-    """Seed mean of a proportion and the Wilson interval of the pooled counts."""
-    n = sum(k for _, k in values)
-    hits = round(sum(a * k for a, k in values))
-    lo, hi = stats.wilson(hits, n, level)
-    return {"seeds": len(values), "mean": sum(a for a, _ in values) / len(values), "ci_lo": lo, "ci_hi": hi, "n": n}
+    """Seed mean of a proportion with its seed-level t interval, and the items per seed summed (``n``)."""
+    b = stats.seed_interval([a for a, _ in values], level, bounds=(0.0, 1.0))
+    return {"seeds": len(values), "mean": b["estimate"], "ci_lo": b["ci_lo"], "ci_hi": b["ci_hi"],
+            "n": sum(k for _, k in values)}
 
 
 def subgroup_table(records: list[dict], level: float, task: str = "natural") -> pd.DataFrame:
-    """Per arch x subgroup x condition: accuracy (seed mean, Wilson on pooled counts), prediction consistency."""
+    """Per arch x subgroup x condition: accuracy (seed mean, seed-level t interval), prediction consistency."""
     acc: dict[tuple, list] = {}
     cons: dict[tuple, list] = {}
     for m in records:
@@ -47,7 +47,7 @@ def subgroup_table(records: list[dict], level: float, task: str = "natural") -> 
 
 
 def resolution_table(records: list[dict], level: float) -> pd.DataFrame:
-    """Per task x arch x evaluation size (px): accuracy (seed mean, Wilson on pooled counts)."""
+    """Per task x arch x evaluation size (px): accuracy (seed mean, seed-level t interval)."""
     acc: dict[tuple, list] = {}
     for m in records:
         for size, v in (m.get("resolution") or {}).items():

@@ -18,16 +18,21 @@ from pipeline.report import aggregate as agg
 from pipeline.report import cells, collisions, learnability, ledger, markdown, natural, sources
 from pipeline.report import figures as fig
 
-CELL_NOTE = ("Per cell: mean over seeds x test items with a {level:.0%} hierarchical-bootstrap interval (seeds "
-             "resampled, then test items); `k_escaped` of `n` seeds reached test accuracy {thr} (Clopper-Pearson "
-             "`k_ci`). A cell where some seeds escape and some do not is bimodal; with fewer than {min_seeds} "
-             "seeds it says 'needs more seeds'. Level 2 (measurement).")
-LEDGER_NOTE = ("Rows are fixed by params before any accuracy is read (pipeline/report/ledger.py). `paired`: a - b "
-               "on the same test items with the same seeds, hierarchical-bootstrap CI and two-sided p; `floor`: a "
-               "minus the task's shortcut floor (a structural limit predicts the floor, not chance); `exact`: "
-               "judged exactly. Holm's correction over all rows (alpha {alpha:.2f}). Verdicts: held / failed; "
-               "equivalent = the whole CI within +-{margin}; underpowered = neither, with the seeds needed "
-               "(assuming the CI shrinks as 1/sqrt(seeds)).")
+CELL_NOTE = ("Per cell: the mean over seeds of each seed's accuracy on the shared test items, with a {level:.0%} "
+             "Student-t interval over seeds (the seed is the unit of replication; one seed: no interval); "
+             "`k_escaped` of `n` seeds reached test accuracy {thr} (Clopper-Pearson `k_ci`). A cell where some "
+             "seeds escape and some do not is bimodal; with fewer than {min_seeds} seeds it says 'needs more "
+             "seeds'. Level 2 (measurement).")
+LEDGER_NOTE = ("Rows and their margins are fixed in pipeline/report/contrasts.csv before any accuracy is read. "
+               "`paired`: a - b per seed on the same test items (twin pairs averaged first), a paired t interval "
+               "over seeds; `floor`: a against the task's shortcut floor, judged against the floor's upper bound "
+               "(Wilson on its test items, or the analytic bound where larger); `exact`: judged exactly. A paired "
+               "row is decided only when both arms learned the task in distribution and they are not both at the "
+               "ceiling or at chance on the compared slice; otherwise it is `uninformative`, with the reason. "
+               "Every decision (directional t, TOST equivalence within the row's margin, the floor test) is one "
+               "Holm family at alpha {alpha:.2f}. Verdicts: held / failed / equivalent / uninformative / "
+               "underpowered (with the seeds 80% power needs at the row's Holm level); default margin "
+               "{margin}. docs/design.md §4 states the rules.")
 
 COLLISION_NOTE = ("Per task and seed (main grid, first test items by pool index): every patch of each image gets a "
                   "random pattern from the trained vit's patch-projection null space (unit RMS per normalised "
@@ -174,12 +179,12 @@ def natural_tables(inp: Inputs, out: Path, main: pd.DataFrame, size_tab: pd.Data
     level = inp.params.report.confidence
     main_runs = [m for m in inp.records if m.get("source") == "runs"]
     contract = natural.position_contract()
-    res_note = ("Seed mean; Wilson interval on the counts pooled over seeds (test-item sampling only). Position "
+    res_note = ("Seed mean with a Student-t interval over seeds (the seed is the unit of replication). Position "
                 "contract (pipeline/resolution.py):\n\n" + markdown.md_table(contract, "not recorded"))
     return {
         "natural images: subgroups": _table(
-            out, "natural_subgroups", "CIFAR-10: pre-specified subgroups", "Seed mean; Wilson interval on the "
-            "counts pooled over seeds (test-item sampling only); `consistency`: share of predictions unchanged "
+            out, "natural_subgroups", "CIFAR-10: pre-specified subgroups", "Seed mean with a Student-t interval over "
+            "seeds; `consistency`: share of predictions unchanged "
             f"against the untransformed image.\n\n{floors}", natural.subgroup_table(main_runs, level)),
         "natural images: resolution": _table(out, "resolution", "Accuracy at other resolutions", res_note,
                                              natural.resolution_table(main_runs, level)),
@@ -211,7 +216,7 @@ def figure_list(inp: Inputs, out: Path, frames: dict) -> dict[str, tuple[str, st
          "by finding: estimate with its 95% CI, 0 marked, the equivalence margin shaded; marker and colour give the "
          "verdict, hollow rows decide nothing yet (underpowered) or at all (grey: uninformative).")
     save("accuracy", fig.cell_figure(frames["main"], floor), "Accuracy per architecture and task",
-         "Measurement: main grid, mean over seeds x test items and half its hierarchical-bootstrap CI; bold k/n: "
+         "Measurement: main grid, mean over seeds x test items and half its seed-level t interval; bold k/n: "
          "seeds reaching the escape threshold where the cell is bimodal; each task's shortcut floor in its header.")
     config = cells.main_config(inp.runs)
     lo, hi = t.alignment.train_offsets
@@ -241,7 +246,7 @@ def figure_list(inp: Inputs, out: Path, frames: dict) -> dict[str, tuple[str, st
          "Relation accuracy by window membership", "Measurement: mark pairs inside one Swin window (solid) vs "
          "across windows (hatched), plain and shifted partition; dotted: shortcut floor.")
     save("data_size", fig.size_figure(frames["size"]), "Accuracy vs training-set size",
-         "Measurement: the data-size curve runs, mean with hierarchical-bootstrap CI per training-set size.")
+         "Measurement: the data-size curve runs, mean with a seed-level t interval per training-set size.")
     plot_tables(inp, out, {"alignment_offset": dx_curve(cells.offset_grid(inp.runs, inp.items, config), (lo, hi)),
                            "scale_size": size, "relation_distance": dist}, frames["size"], frames["main"])
     save("learning_curves", fig.learning_figure(fig.history_points(inp.records)), "Learning curves",
