@@ -2,7 +2,8 @@
 
 - :mod:`.sources`: the only module that reads files (metrics.json trees, predictions, pools and slices, shortcut
   floors, teacher provenance) and turns them into plain records;
-- :mod:`.stats`: intervals (Wilson, Clopper-Pearson, seed-level t, TOST), Holm, power; an item bootstrap as within-seed precision;
+- :mod:`.stats`: intervals (Wilson, Clopper-Pearson, seed-level t, TOST), Holm, power; an item bootstrap as
+  within-seed precision;
 - :mod:`.cells`: per-run item correctness, seeds x items matrices, per-cell and per-slice summaries;
 - :mod:`.aggregate`: pure pandas run frames and the budget/distillation/steps tables;
 - :mod:`.ledger`: the minimal-pair contrasts, floors and exact checks (data), judged;
