@@ -22,8 +22,9 @@ COLUMNS = ["task", "arch", "seeds", "id_mean", "id_lo", "id_hi", "chance", "floo
 
 def learn_threshold(chance: float, floor: float, fraction: float) -> float:
     """In-distribution accuracy an arm must reach to count as having learned a task: a ``fraction`` of the way
-    from the best accuracy available without learning it (chance or the task's shortcut floor, whichever is
-    higher; an absent floor is chance) to 1. The ledger's informativeness gate uses the same rule."""
+    from the best accuracy available without learning it (chance or the task's floor, whichever is higher; the
+    floor is :func:`pipeline.report.ledger.learning_floor`, an absent one is chance) to 1. The ledger's
+    informativeness gate uses this same function."""
     base = chance if floor != floor else max(chance, floor)
     return base + fraction * (1.0 - base)
 

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.report import aggregate as agg
-from pipeline.report import cells, stats
+from pipeline.report import cells, learnability, stats
 
 
 def _contrasts(path: Path) -> tuple[dict, ...]:
@@ -214,11 +214,11 @@ def chance_of(floors: dict, runs: pd.DataFrame, task: str) -> float:
     return 1 / float(classes) if classes == classes and classes > 0 else math.nan
 
 
-def learn_threshold(chance: float, floor: float, analytic: float, fraction: float) -> float:
-    """In-distribution accuracy an arm needs to count as having learned the task: base + fraction x (1 - base),
-    base = the best of chance, the fitted shortcut floor and the analytic bound (NaNs ignored)."""
-    base = max((v for v in (chance, floor, analytic) if v == v), default=math.nan)
-    return base + fraction * (1 - base)
+def learning_floor(floors: dict, task: str) -> float:
+    """The best accuracy available without learning the task's factor: the fitted shortcut floor or the analytic
+    bound, whichever is higher (NaN when neither exists); with chance, the base of the learn rule."""
+    return max((v for v in (floor_of(floors, task)[0], ANALYTIC_FLOORS.get(task, math.nan)) if v == v),
+               default=math.nan)
 
 
 def gate(row: dict, m: dict, tol: float) -> str:
@@ -309,10 +309,9 @@ def measure(row: dict, runs: pd.DataFrame, items: cells.Items, config: dict, flo
     bound = max((v for v in (hi if hi == hi else floor, analytic) if v == v), default=math.nan)
     chance = chance_of(floors, runs, task)
     fraction = dict(rp.learn_fraction_tasks).get(task, rp.learn_fraction)
-    fitted = floor_of(floors, task)[0]
     out = {**_empty(row), "floor": floor, "floor_baseline": floor_name, "floor_lo": lo, "floor_hi": hi,
            "analytic_floor": analytic, "floor_bound": bound if row["kind"] == "floor" else math.nan,
-           "chance": chance, "learn_at": learn_threshold(chance, fitted, analytic, fraction)}
+           "chance": chance, "learn_at": learnability.learn_threshold(chance, learning_floor(floors, task), fraction)}
     if row["kind"] == "paired":
         b_rows = cells.select(runs, task, row["b"], config)
         return {**out, **measure_paired(row, a_rows, b_rows, items, rp, seed, row["margin"])}

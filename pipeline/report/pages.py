@@ -159,7 +159,7 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
 def learnability_table(inp: Inputs, config: dict) -> pd.DataFrame:
     """The learnability table at the main configuration, gated by the ledger's floors and learn fractions."""
     rp = inp.params.report
-    floor = {t: ledger.floor_of(inp.floors, t)[0] for t in sorted(set(inp.runs.task))}
+    floor = {t: ledger.learning_floor(inp.floors, t) for t in sorted(set(inp.runs.task))}
     return learnability.learnability_table(inp.runs, config, inp.floors, floor,
                                            learnability.criterion_accuracy(inp.params),
                                            lambda task: learnability.learn_fraction(rp, task), rp.confidence)
