@@ -27,7 +27,7 @@ def _ledger(**extra) -> pd.DataFrame:
             ("floor.nomix.scale", "floors", "floor", -0.08, -0.10, -0.06, "held"),
             ("exact.vit_nopos.twins", "arrangement", "exact", np.nan, np.nan, np.nan, "held")]
     led = pd.DataFrame(rows, columns=["id", "finding", "kind", "estimate", "ci_lo", "ci_hi", "verdict"])
-    return led.assign(needs_seeds=[np.nan, 7, np.nan, np.nan, np.nan], **extra)
+    return led.assign(needs_seeds=[np.nan, ">200", np.nan, np.nan, np.nan], **extra)
 
 
 def _band_widths(ax) -> list[float]:
@@ -56,7 +56,7 @@ def test_ledger_figure_groups_rows_and_greys_the_uninformative(tmp_path):
     assert len(hollow) == 2  # underpowered and uninformative decide nothing: hollow
     assert any(mcolors.to_hex(ln.get_color()).upper() == fig.VERDICT_STYLE["uninformative"]["color"] for ln in hollow)
     text = " ".join(t.get_text() for t in _texts(figure))
-    assert "uninformative: both arms at ceiling" in text and "needs 7 seeds" in text
+    assert "uninformative: both arms at ceiling" in text and "needs >200 seeds" in text
     assert all(h in text for h in ("alignment", "relation", "floors"))
     assert _band_widths(ax) == [0.04, 0.06, 0.1]  # the rows' own margins (+-0.02, 0.03, 0.05) shaded
     assert min(t.get_fontsize() for t in _texts(figure)) >= 8

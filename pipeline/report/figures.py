@@ -140,8 +140,9 @@ def _verdict_note(r) -> str:
     if isinstance(reason, str) and reason.strip():
         text = reason.strip()
         return f"{v}: {text[:38]}{'...' if len(text) > 38 else ''}"
-    if v == "underpowered" and seeds == seeds and seeds is not None:
-        return f"{v} (needs {int(float(seeds))} seeds)"
+    if v == "underpowered" and seeds == seeds and seeds is not None and str(seeds).strip():
+        # the ledger's needs_seeds is text: "12", ">200", "2+ (one seed: ...)"
+        return f"{v} (needs {str(seeds).split(' (')[0]} seeds)"
     return v
 
 
