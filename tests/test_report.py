@@ -227,7 +227,8 @@ def test_natural_tables_read_subgroups_and_resolution():
              "subgroups": {"alignment": {"dx=1": {"acc": 0.5, "consistency": 0.8, "n": 100}}},
              "resolution": {"24": {"acc": 0.4, "n": 100}}} for s in (0, 1)]
     sub = natural.subgroup_table(recs, 0.95).iloc[0]
-    assert (sub.seeds, sub["mean"], sub.n, sub.consistency) == (2, 0.5, 200, 0.8) and sub.ci_lo == sub.ci_hi == 0.5  # seed-level t: two equal seeds, no spread
+    assert (sub.seeds, sub["mean"], sub.n, sub.consistency) == (2, 0.5, 200, 0.8)
+    assert sub.ci_lo == sub.ci_hi == 0.5  # seed-level t: two equal seeds, no spread
     res = natural.resolution_table(recs, 0.95).iloc[0]
     assert (res.size_px, res["mean"]) == (24, 0.4)
     assert all(a["source"] and ("Table" in a["source"] or "Figure" in a["source"]) for a in natural.ANCHORS)
