@@ -162,7 +162,8 @@ def test_gate_rules():
     row = {"kind": "paired", "finding": "scale", "a": "x", "b": "y", "subset": "slice/ood"}
     m = {"seeds": 5, "in_a": 0.9, "in_b": 0.9, "learn_at": 0.75, "acc_a": 0.51, "acc_b": 0.50, "chance": 0.5}
     assert ledger.gate(row, m, 0.01) == "both at chance on slice/ood: 0.510 and 0.500 (chance 0.500)"
-    assert ledger.gate({**row, "finding": "budget"}, {**m, "in_a": 0.1}, 0.01) == ""  # budget: ceiling only
+    # budget rows need no learned arm (ceiling and chance rules only): off chance under one budget, decided
+    assert ledger.gate({**row, "finding": "budget"}, {**m, "in_a": 0.1, "acc_a": 0.7}, 0.01) == ""
     assert ledger.gate({**row, "kind": "floor"}, {**m, "in_a": 0.1}, 0.01) == ""  # floors are not gated
     assert ledger.gate(row, {**m, "acc_a": 0.7}, 0.01) == ""
 
@@ -210,3 +211,14 @@ def test_one_seed_rows_are_underpowered_without_an_invented_number():
     row = led.set_index("id").loc["alignment.resnet_vs_vit.alignment"]
     assert row.verdict == "underpowered" and row.needs_seeds.startswith("2+ (one seed")
     assert np.isnan(row.ci_lo) and np.isnan(row.p) and pd.isna(row.seeds_needed)
+
+
+def test_budget_row_at_chance_under_both_budgets_is_uninformative():
+    """More steps that leave an arch at chance decide nothing about "cannot" vs "not yet"; a budget row whose
+    main-budget arm is at chance but whose longer budget learned is still decided (that is its question)."""
+    from pipeline.report.ledger import gate
+
+    row = {"kind": "paired", "finding": "budget", "subset": "test", "a": "vit", "b": "vit"}
+    base = {"seeds": 3, "in_a": 0.49, "in_b": 0.48, "learn_at": 0.78, "chance": 0.5}
+    assert gate(row, {**base, "acc_a": 0.49, "acc_b": 0.48}, 0.01).startswith("both at chance on test")
+    assert gate(row, {**base, "in_a": 0.95, "acc_a": 0.95, "acc_b": 0.48}, 0.01) == ""

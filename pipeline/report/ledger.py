@@ -224,7 +224,9 @@ def learning_floor(floors: dict, task: str) -> float:
 def gate(row: dict, m: dict, tol: float) -> str:
     """Why a paired row cannot be decided ("" when it can): an arm that did not learn in distribution, or both
     arms at the ceiling, or both at (or below) chance, on the compared slice. Floor and exact rows are not
-    gated (a floor prediction is about not learning); a budget row (one arch, two budgets) only by the ceiling."""
+    gated (a floor prediction is about not learning); a budget row (one arch, two budgets) needs no learned arm
+    (learning under the longer budget is its question) but is uninformative at the ceiling or at chance under
+    both budgets."""
     if row["kind"] != "paired" or not m.get("seeds"):
         return ""
     reasons = []
@@ -235,7 +237,7 @@ def gate(row: dict, m: dict, tol: float) -> str:
     a, b = m["acc_a"], m["acc_b"]
     if a >= 1 - tol and b >= 1 - tol:
         reasons.append(f"both at ceiling on {row['subset']}: {a:.3f} and {b:.3f}")
-    elif row["finding"] != "budget" and a <= m["chance"] + tol and b <= m["chance"] + tol:
+    elif a <= m["chance"] + tol and b <= m["chance"] + tol:  # a budget pair at chance under both budgets too
         reasons.append(f"both at chance on {row['subset']}: {a:.3f} and {b:.3f} (chance {m['chance']:.3f})")
     return "; ".join(reasons)
 

@@ -218,9 +218,9 @@ def figure_list(inp: Inputs, out: Path, frames: dict) -> dict[str, tuple[str, st
     save("accuracy", fig.cell_figure(frames["main"], floor), "Accuracy per architecture and task",
          "Measurement: main grid, mean over seeds x test items and half its seed-level t interval; bold k/n: "
          "seeds reaching the escape threshold where the cell is bimodal; each task's shortcut floor in its header.")
-    config = cells.main_config(inp.runs)
+    grid = cells.offset_grid(inp.runs, inp.items, cells.main_config(inp.runs))  # once: the figure and its CSV
     lo, hi = t.alignment.train_offsets
-    save("alignment_offset", fig.offset_figure(cells.offset_grid(inp.runs, inp.items, config), (lo, hi)),
+    save("alignment_offset", fig.offset_figure(grid, (lo, hi)),
          "Alignment accuracy per (dx, dy) offset",
          f"Measurement: accuracy per sub-patch offset of the glyph to the {p} px grid, dx and dy kept apart; the "
          f"white box holds the offsets seen in training ({lo}..{hi} px in both), everything outside is unseen.")
@@ -247,12 +247,18 @@ def figure_list(inp: Inputs, out: Path, frames: dict) -> dict[str, tuple[str, st
          "across windows (hatched), plain and shifted partition; dotted: shortcut floor.")
     save("data_size", fig.size_figure(frames["size"]), "Accuracy vs training-set size",
          "Measurement: the data-size curve runs, mean with a seed-level t interval per training-set size.")
-    plot_tables(inp, out, {"alignment_offset": dx_curve(cells.offset_grid(inp.runs, inp.items, config), (lo, hi)),
+    plot_tables(inp, out, {"alignment_offset": dx_curve(grid, (lo, hi)),
                            "scale_size": size, "relation_distance": dist}, frames["size"], frames["main"])
     save("learning_curves", fig.learning_figure(fig.history_points(inp.records)), "Learning curves",
          "Measurement: training loss (every logged step) and validation accuracy (every validation) per optimizer "
          "step, seed mean.")
-    if not_run and made:  # markdown.readme embeds every entry: say so under the last figure instead
+    return with_not_run(made, not_run)
+
+
+def with_not_run(made: dict[str, tuple[str, str]], not_run: list[str]) -> dict[str, tuple[str, str]]:
+    """The figures not drawn in this profile, named under the last figure's caption (markdown.readme embeds
+    every entry it gets, so they cannot be entries of their own)."""
+    if not_run and made:
         last = list(made)[-1]
         title, caption = made[last]
         made[last] = (title, f"{caption}\n\nNot run in this profile (no figure): {'; '.join(not_run)}.")
