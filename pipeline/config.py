@@ -284,6 +284,21 @@ class Distill(Section):
         return self
 
 
+# --------------------------------------------------------------------------- tuning
+class Tune(Section):
+    """Matched tuning (the ``tune`` stage, pipeline/tune.py): every cell of the main grid gets one trial per ``lrs``
+    value on ``seed`` (a seed no grid trains), judged on validation accuracy only; one value: no trials."""
+
+    lrs: Annotated[list[PosFloat], Field(min_length=1)]
+    seed: NonNegInt
+
+    @model_validator(mode="after")
+    def _distinct_lrs(self) -> Tune:
+        if len(set(self.lrs)) != len(self.lrs):
+            raise ValueError(f"lrs: {self.lrs} lists a learning rate twice (each trial would run once)")
+        return self
+
+
 # --------------------------------------------------------------------------- report
 TaskName = Literal["alignment", "scale", "relation", "arrangement", "natural"]
 class Report(Section):
@@ -481,6 +496,7 @@ class Params(Section):
     models: Models
     train: Train
     distill: Distill
+    tune: Tune
     tracking: Tracking
     report: Report
     tasks: Tasks
@@ -540,6 +556,10 @@ class Params(Section):
         t, d = self.train, self.distill
         seeds = [("seed", [self.seed]), ("train.seeds", t.seeds), ("distill.teacher_seed", [d.teacher_seed])]
         seeds += [(f"train.grids.{g}.seeds", x.seeds or []) for g, x in t.grids.items()]
+        seeds.append(("tune.seed", [self.tune.seed]))
+        if (trained := {v for key, values in seeds[1:-1] for v in values}) and self.tune.seed in trained:
+            raise ValueError(f"tune.seed: {self.tune.seed} is also a training seed; trials must use a seed no "
+                             "run of the study trains with")
         for key, values in seeds:
             if bad := [v for v in values if v > SEED_MAX]:
                 raise ValueError(f"{key}: {bad[0]} is outside Lightning's seed range 0..{SEED_MAX}")

@@ -231,10 +231,35 @@ def _trainer(job: Job, steps: int, callbacks: list):
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
 
 
-def _diverged(err: FloatingPointError, params: Params) -> FloatingPointError:
+def learning_rate(spec: RunSpec, params: Params) -> float:
+    """The run's learning rate: its cell's tuned one (or a trial's own), else ``train.recipe.lr``."""
+    return params.train.recipe.lr if spec.lr is None else spec.lr
+
+
+def _diverged(err: FloatingPointError, spec: RunSpec, params: Params) -> FloatingPointError:
     r = params.train.recipe
-    return FloatingPointError(f"{err}: training diverged; likely causes train.recipe.lr={r.lr}, "
+    lr = f"train.recipe.lr={r.lr}" if spec.lr is None else f"lr={spec.lr} (tune.lrs)"
+    return FloatingPointError(f"{err}: training diverged; likely causes {lr}, "
                               f"warmup_steps={r.warmup_steps}, grad_clip={r.grad_clip}")
+
+
+def _module(model, spec: RunSpec, params: Params, steps: int, teacher):
+    """The LightningModule of one run: its model, the recipe (the cell's learning rate) and its teacher."""
+    from pipeline.learner import Classifier
+
+    r = params.train.recipe
+    return Classifier(model, lr=learning_rate(spec, params), weight_decay=r.weight_decay,
+                      warmup_steps=r.warmup_steps, total_steps=steps, min_lr_ratio=r.min_lr_ratio,
+                      label_smoothing=r.label_smoothing, teacher=teacher, soft_distillation=params.distill.soft,
+                      distillation_tau=params.distill.tau)
+
+
+def _measured(job: Job, steps: int, wall: float, timer) -> dict:
+    """What this process measured of the fit (a resumed run counts only its own steps)."""
+    return {"wall_time_s": wall, "resumed": job.resume_from is not None, "steps_this_process": steps,
+            "images_per_s": steps * job.params.train.recipe.batch_size / wall if wall > 0 else 0.0,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "phases_s": timer.seconds, "step_share": timer.step_share}
 
 
 def fit(job: Job) -> dict:
@@ -243,7 +268,7 @@ def fit(job: Job) -> dict:
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from pipeline.learner import ArrayData, Classifier, Criterion, Curves, PhaseTimer, quiet_lightning
+    from pipeline.learner import ArrayData, Criterion, Curves, PhaseTimer, quiet_lightning
     from pipeline.models import build_model
 
     quiet_lightning()
@@ -261,9 +286,7 @@ def fit(job: Job) -> dict:
     if hasattr(model, "set_distilled_training"):
         model.set_distilled_training(teacher is not None)
     steps = budget.optimizer_steps(model, params, split.num_classes, spec.key.budget_mode, spec.key.steps)
-    module = Classifier(model, lr=recipe.lr, weight_decay=recipe.weight_decay, warmup_steps=recipe.warmup_steps,
-                        total_steps=steps, min_lr_ratio=recipe.min_lr_ratio, label_smoothing=recipe.label_smoothing,
-                        teacher=teacher, soft_distillation=params.distill.soft, distillation_tau=params.distill.tau)
+    module = _module(model, spec, params, steps, teacher)
     data = ArrayData(split, "fit", recipe.batch_size, rt.eval_batch_size, spec.key.seed, total_steps=steps)
     ckpt = ModelCheckpoint(dirpath=spec.ckpt_dir, filename="last", save_top_k=1,
                            every_n_train_steps=rt.checkpoint_every_steps, enable_version_counter=False)
@@ -279,15 +302,11 @@ def fit(job: Job) -> dict:
     try:
         trainer.fit(module, datamodule=data, ckpt_path=job.resume_from)
     except FloatingPointError as err:
-        raise _diverged(err, params) from None
+        raise _diverged(err, spec, params) from None
     wall = time.perf_counter() - t0
     val = trainer.callback_metrics.get("val/acc")
     done = trainer.global_step  # criterion runs may stop before `steps`, the cap
-    measured = {"wall_time_s": wall, "resumed": job.resume_from is not None,
-                "steps_this_process": trainer.global_step - start,
-                "images_per_s": (trainer.global_step - start) * recipe.batch_size / wall if wall > 0 else 0.0,
-                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                "phases_s": timer.seconds, "step_share": timer.step_share}
+    measured = _measured(job, trainer.global_step - start, wall, timer)
     extra = ({"student_train": _subset(split.indices, params.train.size, spec.slices_dir)}
              if spec.kind == "teacher" else {})
     t_eval = time.perf_counter()
@@ -356,7 +375,8 @@ def compose(job: Job, result: dict, run_id: str) -> dict:
     metrics = {
         "task": k.task, "arch": k.arch, "model": spec.model, "teacher": spec.teacher, "seed": k.seed,
         "data_seed": k.data_seed, "train_size": k.train_size, "steps": k.steps, "budget_mode": k.budget_mode,
-        "steps_done": result["steps_done"], "criterion_step": result["criterion_step"],
+        "lr": learning_rate(spec, job.params), "steps_done": result["steps_done"],
+        "criterion_step": result["criterion_step"],
         "stop_reason": result["stop_reason"],
         "num_classes": result["num_classes"], "test_acc": ev["slices"]["test"]["acc"], "val_acc": result["val_acc"],
         "shift_consistency": ev["shift_consistency"], "slices": ev["slices"], "curve": result["curve"],

@@ -8,7 +8,7 @@ arch of a distilled student (or None).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pipeline.config import Params
@@ -37,7 +37,7 @@ class RunKey:
 class RunSpec:
     """One run: its key, the model it builds, its teacher, and the folders it reads and writes."""
 
-    kind: str  # "train", "teacher" or "distill" (a student): the run name's prefix
+    kind: str  # "train", "teacher", "distill" (a student) or "tune" (a trial): the run name's prefix
     key: RunKey
     model: str  # factory key (pipeline.models)
     data_dir: Path  # data/tasks/<task>
@@ -46,13 +46,15 @@ class RunSpec:
     ckpt_dir: Path  # Lightning checkpoints (persisted across interruptions)
     teacher: str | None = None  # the teacher arch of a distilled student
     teacher_dir: Path | None = None  # that teacher's stage output
+    lr: float | None = None  # the cell's learning rate chosen by the tune stage (a trial's own); None: the recipe's
 
     @property
     def name(self) -> str:
-        """The run's unique, readable name: ``train/vit/alignment/n4000-t1000-s0-d0``."""
+        """The run's unique, readable name: ``train/vit/alignment/n4000-t1000-s0-d0`` (a trial's ends ``-lr<lr>``)."""
         if self.kind == "teacher":
             return f"teacher/{self.key.arch}/{self.key.task}"
-        return f"{self.kind}/{self.key.arch}/{self.key.folder}"
+        trial = f"-lr{self.lr:g}" if self.kind == "tune" else ""
+        return f"{self.kind}/{self.key.arch}/{self.key.folder}{trial}"
 
 
 def train_keys(params: Params, arch: str) -> list[RunKey]:
@@ -75,6 +77,8 @@ def at_main_budget(spec: RunSpec, params: Params) -> bool:
     """Is this run a cell of the main grid (``train.size``, the recipe's steps and budget mode, the official
     draw)? Only those get the subgroup and resolution evaluations, so those tables never pool grid points."""
     k, r = spec.key, params.train.recipe
+    if spec.kind == "tune":  # a trial answers one question: its validation accuracy
+        return False
     return (k.train_size, k.steps, k.budget_mode, k.data_seed) == (params.train.size, r.steps, r.budget_mode, 0)
 
 
@@ -114,13 +118,38 @@ def specs_for(kind: str, keys: list[RunKey], at: Folders, model: str | None = No
                     teacher=teacher, teacher_dir=at.teachers / teacher if teacher else None) for k in keys]
 
 
-def train_specs(params: Params, at: Folders) -> list[RunSpec]:
+def cells(params: Params) -> list[tuple[str, str]]:
+    """The (arch, task) cells of the main grid, the distilled students' included: what the tune stage tunes."""
+    out = [(arch, task) for arch, entry in params.train.archs.items() for task in entry.tasks]
+    return out + [(student, task) for student in params.distill.students for task in params.distill.tasks]
+
+
+def train_specs(params: Params, at: Folders, lrs: dict[tuple[str, str], float] | None = None) -> list[RunSpec]:
     """The ``train`` stage: every arch of ``train.archs`` (main grid + ``train.grids``), then every DeiT student of
-    ``distill.students`` with its teacher."""
+    ``distill.students`` with its teacher. ``lrs``: the tune stage's learning rate per (arch, task) cell, used by
+    every run of that cell (its grid runs too); a task only a grid trains an arch on keeps the recipe's."""
     specs = [s for arch in params.train.archs for s in specs_for("train", train_keys(params, arch), at)]
     for student, teacher in params.distill.students.items():
         specs += specs_for("distill", student_keys(params, student), at, model="deit", teacher=teacher)
-    return specs
+    lrs = lrs or {}
+    return [replace(s, lr=lrs.get((s.key.arch, s.key.task))) for s in specs]
+
+
+def tune_specs(params: Params, at: Folders) -> list[RunSpec]:
+    """The ``tune`` stage's trials: each cell of :func:`cells` once per ``tune.lrs`` value, at the main budget on
+    ``tune.seed``; outputs under ``<out>/lr<lr>/<arch>/<run folder>``. One value: nothing to try."""
+    t, r, lrs = params.train, params.train.recipe, params.tune.lrs
+    if len(lrs) < 2:
+        return []
+    out = []
+    for lr in lrs:
+        trial = Folders(at.data, at.slices, at.out / f"lr{lr:g}", at.ckpt / f"lr{lr:g}", at.teachers)
+        for arch, task in cells(params):
+            teacher = params.distill.students.get(arch)
+            key = RunKey(task, arch, params.tune.seed, t.size, r.steps, r.budget_mode)
+            out += [replace(s, lr=lr) for s in specs_for("tune", [key], trial, model="deit" if teacher else None,
+                                                          teacher=teacher)]
+    return out
 
 
 def teacher_specs(params: Params, at: Folders) -> list[RunSpec]:

@@ -51,6 +51,8 @@ def run_params(params, spec) -> dict:
     out = params.model_dump(mode="json", include={
         "geometry": True, "models": {"param_target", "param_tolerance", "reference_classes", *sections},
         "train": {"recipe": True, "runtime": runtime}})
+    if spec.lr is not None:  # the cell's tuned learning rate (a trial's own) replaces the recipe's
+        out["train"]["recipe"]["lr"] = spec.lr
     if at_main_budget(spec, params):  # only main-grid runs get the subgroup and resolution evaluations
         out["evaluation"] = params.model_dump(mode="json", include={"evaluation"})["evaluation"]
     if spec.key.budget_mode == "criterion":  # the stop rule decides how long it trains

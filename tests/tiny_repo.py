@@ -50,6 +50,7 @@ TINY: dict[str, Any] = {
     },
     "distill": {"teachers": {"resnet": "resnet"}, "students": {"deit": "resnet"}, "tasks": ["alignment"],
                 "teacher_size": 256},
+    "tune": {"lrs": [2e-3]},  # no trials (tests/test_tune.py runs them)
 }
 
 

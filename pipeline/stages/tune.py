@@ -1,0 +1,43 @@
+"""`tune` stage: matched learning-rate trials for every cell of the main grid (pipeline/tune.py states the policy).
+
+Outputs: ``--choice`` (the learning rate of every (arch, task) cell: what the train stage reads), the trials'
+runs under ``<out>/lr<lr>/`` and ``<report>/tuning.md`` + ``trials.csv``. With one value in
+``tune.lrs`` nothing trains and every cell gets that value.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.stages.common import parse_stage, run_folders, run_training, stage_main, training_parser
+
+
+@stage_main
+def main(argv: list[str] | None = None) -> None:
+    parser = training_parser(__doc__)
+    parser.add_argument("--teachers", type=Path, required=True, help="data/teachers: the students' teachers")
+    parser.add_argument("--choice", type=Path, required=True, help="data/tune/choice.json: each cell's lr")
+    parser.add_argument("--report", type=Path, required=True, help="reports/tune: the trial table")
+    args, params = parse_stage(parser, argv)
+    from pipeline import tune
+    from pipeline.grid import tune_specs
+    from pipeline.io import write_json, write_text
+
+    specs = tune_specs(params, run_folders(args))
+    if not specs:  # trials of an earlier configuration are stale outputs now
+        from pipeline.experiment import prune
+
+        prune(args.out, [])
+    trials = tune.trial_table(run_training("tune", specs, params, args) if specs else [])
+    chosen = tune.choose(trials, params.tune.lrs) if specs else None
+    if specs:
+        write_text(args.report / "trials.csv", trials.to_csv(index=False))
+    write_text(args.report / "tuning.md", tune.markdown(trials, chosen, params))
+    for folder in (args.out, args.ckpt):  # DVC outputs, even with no trials
+        folder.mkdir(parents=True, exist_ok=True)
+    write_json(args.choice, tune.choice_record(params, chosen))
+    print(f"tune: {len(specs)} trials; chosen learning rates in {args.choice}", flush=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

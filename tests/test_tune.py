@@ -1,0 +1,98 @@
+"""The tune stage: equal trials per cell, chosen on validation only, and the train stage trains at the choice."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from conftest import mlflow_store
+from pipeline import tune
+from pipeline.config import load_params, parse_params
+from pipeline.errors import StageError
+from pipeline.grid import Folders, cells, train_specs, tune_specs
+from pipeline.stages import train as train_stage
+from pipeline.stages import tune as tune_stage
+from tests import tiny_repo
+
+
+def trials(rows):
+    return pd.DataFrame(rows, columns=["arch", "task", "lr", "val_acc", "steps_done", "stop_reason"])
+
+
+def test_choice_is_best_validation_then_fewer_steps_then_first_listed():
+    t = trials([("vit", "a", 5e-4, 0.80, 1000, "cap"), ("vit", "a", 2e-3, 0.90, 1000, "cap"),
+                ("resnet", "a", 5e-4, 0.99, 300, "criterion"), ("resnet", "a", 2e-3, 0.99, 500, "criterion"),
+                ("nomix", "a", 5e-4, 0.50, 500, "plateau"), ("nomix", "a", 2e-3, 0.50, 500, "plateau")])
+    chosen = tune.choose(t, [5e-4, 2e-3]).set_index("arch").lr
+    assert chosen.to_dict() == {"vit": 2e-3, "resnet": 5e-4, "nomix": 5e-4}
+    assert tune.choose(t, [2e-3, 5e-4]).set_index("arch").lr["nomix"] == 2e-3  # the listed order breaks a full tie
+
+
+def test_a_cell_missing_a_trial_is_refused():
+    t = trials([("vit", "a", 5e-4, 0.8, 10, "cap"), ("vit", "a", 2e-3, 0.9, 10, "cap"),
+                ("resnet", "a", 5e-4, 0.9, 10, "cap")])
+    with pytest.raises(StageError, match="resnet/a has 1 of 2 trials"):
+        tune.choose(t, [5e-4, 2e-3])
+
+
+def test_trials_cover_every_cell_once_per_lr_on_an_unused_seed(tmp_path):
+    params = load_params("params.yaml")
+    at = Folders(tmp_path / "t", tmp_path / "s", tmp_path / "out", tmp_path / "ckpt", tmp_path / "teachers")
+    specs = tune_specs(params, at)
+    assert len(specs) == len(cells(params)) * len(params.tune.lrs)
+    assert {(s.key.arch, s.key.task, s.lr) for s in specs} == {
+        (a, t, lr) for a, t in cells(params) for lr in params.tune.lrs}
+    assert {s.key.seed for s in specs} == {params.tune.seed}
+    assert params.tune.seed not in params.train.seeds
+    assert all(s.teacher_dir is not None for s in specs if s.key.arch in params.distill.students)
+    assert len({s.out_dir for s in specs}) == len(specs)  # trials never share a folder
+
+
+def test_a_tune_seed_the_study_trains_with_is_refused():
+    raw = tiny_repo.params_with({"tune": {"seed": 0}})
+    with pytest.raises(Exception, match="tune.seed: 0 is also a training seed"):
+        parse_params(raw)
+
+
+def test_choice_file_missing_a_cell_is_one_line(tmp_path):
+    params = load_params("params.yaml")
+    path = tmp_path / "choice.json"
+    path.write_text(json.dumps({"lrs": {"vit/alignment": 1e-3}}))
+    with pytest.raises(StageError, match="no tuned learning rate for"):
+        tune.read_choice(path, params)
+    path.write_text(json.dumps({"lrs": {f"{a}/{t}": "fast" for a, t in cells(params)}}))
+    with pytest.raises(StageError, match="choice.json"):
+        tune.read_choice(path, params)
+
+
+def test_tune_stage_trains_every_trial_and_train_uses_the_choice(copy_workspace):
+    ws = copy_workspace
+    raw = tiny_repo.params_with({"tasks": {"names": ["alignment"]}, "tune": {"lrs": [1e-3, 3e-3], "seed": 7},
+                                 "train": {"archs": {"vit": {"models": "vit", "tasks": ["alignment"]}}, "grids": {},
+                                           "seeds": [0]},
+                                 "distill": {"students": {}}})
+    tiny_repo.write_params(ws / "params.yaml", raw)
+    params = load_params(ws / "params.yaml")
+    argv = ["--params", str(ws / "params.yaml"), "--data", str(ws / "data/tasks"), "--slices", str(ws / "data/slices"),
+            "--teachers", str(ws / "data/teachers")]
+    with mlflow_store(ws):
+        assert tune_stage.main([*argv, "--out", str(ws / "data/tune/runs"), "--ckpt", str(ws / "data/ckpt/tune"),
+                                "--choice", str(ws / "data/tune/choice.json"), "--report", str(ws / "reports/tune")]) == 0
+    table = pd.read_csv(ws / "reports/tune/trials.csv")
+    assert sorted(table.lr) == [1e-3, 3e-3] and set(table.arch) == {"vit"}
+    best = table.sort_values(["val_acc", "steps_done"], ascending=[False, True]).iloc[0]
+    choice = json.loads((ws / "data/tune/choice.json").read_text())
+    assert choice["lrs"] == {"vit/alignment": best.lr} and choice["trials_per_cell"] == 2
+    assert "vit" in (ws / "reports/tune/tuning.md").read_text()
+    trial = json.loads(next((ws / "data/tune/runs").rglob("metrics.json")).read_text())
+    assert trial["seed"] == 7 and "subgroups" not in trial  # a trial is a validation number, nothing more
+    specs = train_specs(params, Folders(ws / "data/tasks", ws / "data/slices", ws / "r", ws / "c"),
+                        tune.read_choice(ws / "data/tune/choice.json", params))
+    assert {s.lr for s in specs} == {best.lr}
+    with mlflow_store(ws):
+        assert train_stage.main([*argv, "--tune", str(ws / "data/tune/choice.json"), "--out", str(ws / "data/runs"),
+                                 "--ckpt", str(ws / "data/ckpt/train")]) == 0
+    run = json.loads(next((ws / "data/runs").rglob("metrics.json")).read_text())
+    assert run["lr"] == best.lr
