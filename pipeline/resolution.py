@@ -1,9 +1,9 @@
 """Evaluate a trained model at another image size, same patch size: the position contract in one place.
 
 Changing the image size at a fixed patch size changes the token grid, so every position signal must be
-mapped to the new grid. :data:`POSITION_CONTRACT` states, per architecture family, how; the family is read
-off the module itself (:func:`family_of`), so new variants (a sin-cos-initialised learned embedding, a conv
-stem, a model without token mixing) fall into the family their position signal belongs to. The report
+mapped to the new grid. :data:`POSITION_CONTRACT` states, per position kind, how; the kind is read
+off the module itself (:func:`position_kind`), so new variants (a sin-cos-initialised learned embedding, a conv
+stem, a model without token mixing) fall into the kind their position signal belongs to. The report
 prints the table beside the results; the interface stage checks it (exact at the training size, right
 shapes at the others).
 
@@ -45,8 +45,8 @@ POSITION_CONTRACT: dict[str, str] = {
 }
 
 
-def family_of(model: nn.Module) -> str:
-    """The :data:`POSITION_CONTRACT` row of ``model``, read from its modules (not from its name)."""
+def position_kind(model: nn.Module) -> str:
+    """The position kind of ``model`` (its :data:`POSITION_CONTRACT` row), read from its modules (not its name)."""
     if isinstance(model, SwinTransformer):
         return "swin"
     if isinstance(model, VisionTransformer):
@@ -61,7 +61,7 @@ def family_of(model: nn.Module) -> str:
 
 def patch_step(model: nn.Module) -> int:
     """Image sizes must be multiples of this: the patch, times 2 per Swin patch merging (none for convs)."""
-    fam = family_of(model)
+    fam = position_kind(model)
     if fam == "conv":
         return 1
     p = int(model.patch_embed.patch_size[0])
@@ -74,7 +74,7 @@ def at_resolution(model: nn.Module, arch: str, params: Params, size: int) -> nn.
     if size % step:
         raise ConfigError(f"evaluation.resolution.sizes: {size} px is not a multiple of {step} for {arch}")
     out = copy.deepcopy(model)
-    fam = family_of(out)
+    fam = position_kind(out)
     if fam == "swin":
         _swin_at(out, size)
     elif fam != "conv":
@@ -90,11 +90,11 @@ def _vit_at(model: VisionTransformer, size: int, interpolation: str, arch: str) 
     new = tuple(model.patch_embed.grid_size)
     pe = model.pos_embed
     prefix = 0 if model.no_embed_class else model.num_prefix_tokens
-    if family_of(model) == "learned":
+    if position_kind(model) == "learned":
         table = resample_abs_pos_embed(pe.data, new_size=list(new), old_size=list(old), num_prefix_tokens=prefix,
                                        interpolation=interpolation, antialias=True)
         model.pos_embed = nn.Parameter(table, requires_grad=pe.requires_grad)
-    elif family_of(model) == "sincos":
+    elif position_kind(model) == "sincos":
         dim = pe.shape[-1]
         trained = build_sincos2d_pos_embed(list(old), dim=dim).to(pe)
         if prefix or pe.shape[1:] != trained.shape or not torch.equal(pe[0], trained):

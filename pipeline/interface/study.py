@@ -263,7 +263,7 @@ def position_study(params: Params, models: dict[str, torch.nn.Module]) -> Result
     gen = torch.Generator().manual_seed(params.seed)
     for arch, model in models.items():
         model = model.eval()
-        fam = resolution.family_of(model)
+        fam = resolution.position_kind(model)
         rows.append({"arch": arch, "family": fam, "contract": resolution.POSITION_CONTRACT[fam]})
         for size in dict.fromkeys([g.image_size, *params.evaluation.resolution.sizes]):
             mapped = resolution.at_resolution(model, arch, params, size).eval()

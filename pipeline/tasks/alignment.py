@@ -9,6 +9,8 @@ all of ``0..P-1`` (``id`` = both offsets inside the training range).
 
 Difficulty knobs: ``num_classes``, ``glyph_size``, ``glyph_flips`` (two glyphs differ in exactly
 ``2 * glyph_flips`` pixels: small = similar), ``clutter`` (random foreground pixels), ``noise``.
+params.yaml draws ``noise: 8``, ``clutter: 0``: at 32 / 3 the anti-aliased and overlapping-stem arms
+never learned the glyphs in distribution (issue 27; docs/design.md section 2).
 
 Shortcut fix (pipeline/shortcuts.py): every glyph has the same pixel count (``glyph_bank``), because the
 foreground area alone told the 4 glyphs apart at 0.50 (chance 0.25); with equal areas it is at chance.
