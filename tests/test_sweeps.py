@@ -34,7 +34,7 @@ def test_queued_sweep_logs_every_run_to_one_store(copy_reproduced_repo):
         return proc.stdout
 
     for lr in LRS:
-        dvc("exp", "run", "--queue", "-S", f"train.recipe.lr={lr}", "train")
+        dvc("exp", "run", "--queue", "-S", f"tune.lrs=[{lr}]", "train")  # one lr: no trials, every cell at it
     dvc("queue", "start", "--jobs", "2")
     deadline = time.monotonic() + 400
     while True:

@@ -6,8 +6,8 @@ import json
 
 import pandas as pd
 import pytest
-
 from conftest import mlflow_store
+
 from pipeline import tune
 from pipeline.config import load_params, parse_params
 from pipeline.errors import StageError
@@ -79,7 +79,8 @@ def test_tune_stage_trains_every_trial_and_train_uses_the_choice(copy_workspace)
             "--teachers", str(ws / "data/teachers")]
     with mlflow_store(ws):
         assert tune_stage.main([*argv, "--out", str(ws / "data/tune/runs"), "--ckpt", str(ws / "data/ckpt/tune"),
-                                "--choice", str(ws / "data/tune/choice.json"), "--report", str(ws / "reports/tune")]) == 0
+                                "--choice", str(ws / "data/tune/choice.json"),
+                                "--report", str(ws / "reports/tune")]) == 0
     table = pd.read_csv(ws / "reports/tune/trials.csv")
     assert sorted(table.lr) == [1e-3, 3e-3] and set(table.arch) == {"vit"}
     best = table.sort_values(["val_acc", "steps_done"], ascending=[False, True]).iloc[0]
