@@ -42,12 +42,11 @@ import torch.nn.functional as F
 import yaml
 from torch.utils.data import DataLoader
 
-from bench import data_speed, overheads, startup, worker_env
+from bench import data_speed, overheads, startup, tiny, worker_env
 from pipeline import budget, executor
 from pipeline.config import Params
 from pipeline.learner import BatchTensors, Classifier, as_batch, quiet_lightning
 from pipeline.models import build_model
-from tests import tiny_repo
 
 LIGHTNING_GOAL, NOOP_GOAL_S, STUDY_GOAL_MIN, STEPS_GOAL = 1.10, 3.0, 30, 0.85
 
@@ -304,10 +303,10 @@ def _edited(value):
 
 def dvc_figures(repo: Path) -> dict:
     """No-op ``dvc repro`` time, and the stages ``dvc status`` reports after a report-only param edit."""
-    status = json.loads(tiny_repo.dvc(repo, "status", "--json").stdout or "{}")
+    status = json.loads(tiny.dvc(repo, "status", "--json").stdout or "{}")
     if status:
         return {"error": f"{repo} is not up to date ({', '.join(status)}): run dvc repro there first"}
-    noop_s, proc = timed(lambda: tiny_repo.dvc(repo, "repro"))
+    noop_s, proc = timed(lambda: tiny.dvc(repo, "repro"))
     out = {"noop_s": noop_s, "noop_ran": "Running stage" in proc.stdout, "report_key": None, "changed": None}
     key = report_only_param(repo)
     if key is not None:
@@ -321,7 +320,7 @@ def dvc_figures(repo: Path) -> dict:
         node[last] = _edited(node[last])
         try:
             path.write_text(yaml.safe_dump(params, sort_keys=False))
-            out["changed"] = sorted(json.loads(tiny_repo.dvc(repo, "status", "--json").stdout or "{}"))
+            out["changed"] = sorted(json.loads(tiny.dvc(repo, "status", "--json").stdout or "{}"))
         finally:
             path.write_text(original)
         out["report_key"] = key
@@ -669,14 +668,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", action="store_true", help="CI mode: seconds, not minutes")
     ap.add_argument("--repo", type=Path, help="an already reproduced repository for the DVC figures")
-    ap.add_argument("--out", type=Path, default=tiny_repo.ROOT / "reports/performance.md")
+    ap.add_argument("--out", type=Path, default=tiny.ROOT / "reports/performance.md")
     ap.add_argument("--archs", nargs="+", default=["vit", "swin", "resnet"])
     args = ap.parse_args(argv)
     quiet_lightning()
     executor.cheap_cuda_check()  # as every run does (pipeline.executor._call)
     warnings.filterwarnings("ignore", message=".*no `val_dataloader`.*")  # validation is not part of a step
     torch.set_num_threads(1)
-    params = Params.model_validate(yaml.safe_load((tiny_repo.ROOT / "params.yaml").read_text()))
+    params = Params.model_validate(yaml.safe_load((tiny.ROOT / "params.yaml").read_text()))
     small = args.small
     fits, steps, skip = (1, 8, 3) if small else (5, 200, 20)
     data_n = 1000 if small else 20_000
@@ -701,12 +700,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.repo is not None or not small:
         repo = args.repo
         if repo is None:
-            repo = tiny_repo.make_repo(Path(tempfile.mkdtemp(prefix="bench-")) / "repo")
+            repo = tiny.make_repo(Path(tempfile.mkdtemp(prefix="bench-")) / "repo")
             print(f"reproducing a tiny copy in {repo} ...", flush=True)
-            tiny_repo.dvc(repo, "repro", timeout=1800)
+            tiny.dvc(repo, "repro", timeout=1800)
         dvc = {"repo": "tiny copy" if args.repo is None else str(repo), **dvc_figures(repo)}
         print(f"dvc: {dvc}")
-    timing_path = tiny_repo.ROOT / "reports/repro_timing.json"
+    timing_path = tiny.ROOT / "reports/repro_timing.json"
     timing = json.loads(timing_path.read_text()) if timing_path.exists() else None
 
     from pipeline.io import write_text
@@ -721,7 +720,7 @@ def main(argv: list[str] | None = None) -> int:
     cuda = {} if small else worker_env.cuda_check()
     text = render(results, floor, aa, (fits, steps, skip), matmul, data, data_n, dvc, timing,
                   "small" if small else "full", params)
-    quick_path, root = tiny_repo.ROOT / QUICK, tiny_repo.ROOT / "reports"
+    quick_path, root = tiny.ROOT / QUICK, tiny.ROOT / "reports"
     quick = json.loads(quick_path.read_text()) if quick_path.exists() else None
     summaries = [json.loads(p.read_text()) if p.exists() else None
                  for p in (root / "quick/summary.json", root / "summary.json")]

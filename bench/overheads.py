@@ -115,15 +115,15 @@ def breakdown(arch: str, steps: int, repeat: int, n_train: int = 4000, n_val: in
     import torch
     import yaml
 
+    from bench.tiny import ROOT
     from pipeline.config import Params
     from pipeline.executor import cheap_cuda_check
     from pipeline.learner import quiet_lightning
-    from tests import tiny_repo
 
     quiet_lightning()
     cheap_cuda_check()  # as every run does (pipeline.executor._call)
     torch.set_num_threads(1)
-    params = Params.model_validate(yaml.safe_load((tiny_repo.ROOT / "params.yaml").read_text()))
+    params = Params.model_validate(yaml.safe_load((ROOT / "params.yaml").read_text()))
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         fake_task(folder, params, n_train, n_val, n_test)
