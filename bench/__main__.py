@@ -43,6 +43,7 @@ import yaml
 from torch.utils.data import DataLoader
 
 from bench import data_speed, overheads, startup, tiny, worker_env
+from bench.recorded import RECORDED_CHANGES, REFERENCE_STEPS
 from pipeline import budget, executor
 from pipeline.config import Params
 from pipeline.learner import BatchTensors, Classifier, as_batch, quiet_lightning
@@ -453,10 +454,6 @@ def render(steps: list[StepResult], floor: StepResult, aa: StepResult, timing_sh
     return "\n".join(lines) + "\n"
 
 
-# `python -m bench phases` training steps (seconds per 1000 steps) on the machine of the committed default repro,
-# quoted from reports/performance.md at ddbb62f (written in that repro's session): a repro on another machine is
-# scaled by its own machine's steps against these.
-REFERENCE_STEPS = {"commit": "ddbb62f", "steps": 1000, "s": {"vit": 8.54, "swin": 16.51, "resnet": 13.98}}
 QUICK = "reports/quick/repro_timing.json"
 
 
@@ -615,19 +612,6 @@ def render_startup(rows: list[dict], exit_rows: list[dict]) -> list[str]:
     return lines
 
 
-# Kept changes measured by whole fresh-clone repros or in earlier sessions, not re-measurable by this script:
-# (change, what was measured, before, after, where it is recorded).
-RECORDED_CHANGES = (
-    ("one worker pool for the study: 2 training stages instead of 20 (595eef8)",
-     "training stages' worker time in optimizer steps; worker time outside any run",
-     "77%; ~30 worker-min", "84%; 1.2 worker-min", "fresh-clone repros of 9e5fe0c and 50a3683, docs/design.md §6"),
-    ("`self.log_dict` only on the steps a logger writes (0ca5c83)", "Lightning's logging share of a ViT step",
-     "~10%", "~0 on the other steps", "comment in `Classifier.training_step`"),
-    ("fused AdamW", "`opt.step` on the 45k ViT", "foreach AdamW", "3x faster, ~180 fewer `copy_` a step",
-     "comment in `Classifier.configure_optimizers`; determinism in tests/test_train.py"),
-)
-
-
 def render_changes(workers: list[dict], starts: list[dict], exits: list[dict], cuda: dict,
                    phases: list[dict]) -> list[str]:
     """One table: each kept speed change and what it bought (this run's figures first); nothing in small mode."""
@@ -651,7 +635,7 @@ def render_changes(workers: list[dict], starts: list[dict], exits: list[dict], c
             "ms per fused AdamW `step()` on the ViT (once per training step)", f"{cuda['nvml']:.2f}",
             f"{cuda['runtime']:.2f}", f"{cuda['nvml'] / cuda['runtime']:.2f}x (of `step()`{share})",
             "this run (`bench.worker_env.cuda_check`)")] if cuda else []),
-        *((change, what, before, after, "", source) for change, what, before, after, source in RECORDED_CHANGES),
+        *((c["change"], c["measured"], c["before"], c["after"], "", c["source"]) for c in RECORDED_CHANGES),
     ]
     table = pd.DataFrame(rows, columns=["change", "measured", "before", "after", "speed-up", "measured by"])
     return ["", "## What each kept change bought", "",
