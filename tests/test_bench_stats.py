@@ -9,7 +9,7 @@ import numpy as np
 
 
 def test_ratio_interval_carries_the_variation_between_fits():
-    from bench.__main__ import StepResult, ratio_interval
+    from bench.measure import StepResult, ratio_interval
 
     rng = np.random.default_rng(0)
 
@@ -31,7 +31,7 @@ def test_ratio_interval_carries_the_variation_between_fits():
 
 
 def test_interleaved_pairs_each_lightning_step_with_the_plain_step_after_it():
-    from bench.__main__ import Interleaved
+    from bench.measure import Interleaved
 
     # batch k starts at 10k; its plain step (run at its end) takes 1 + k: Lightning's step k is 10 - (1 + k)
     ticks = iter(t for k in range(5) for t in (10.0 * k, 10.0 * k + 5, 10.0 * k + 6 + k))

@@ -44,7 +44,8 @@ def test_breakdown_of_a_small_repro(tmp_path):
 
 
 def test_quick_profile_is_estimated_from_its_own_machine_figures():
-    from bench.__main__ import REFERENCE_STEPS, render_quick
+    from bench.recorded import REFERENCE_STEPS
+    from bench.render import render_quick
 
     ref, n = REFERENCE_STEPS["s"], REFERENCE_STEPS["steps"]
     # its machine: vit steps twice as slow, swin four times; its shared stages three times as slow
@@ -67,7 +68,7 @@ def test_quick_profile_is_estimated_from_its_own_machine_figures():
 def test_verdict_changes_between_the_default_and_the_quick_ledger():
     import pandas as pd
 
-    from bench.__main__ import verdict_changes
+    from bench.compare import verdict_changes
 
     default = pd.DataFrame({"id": ["a", "b", "c", "d", "e", "f"],
                             "verdict": ["held", "held", "failed", "underpowered", "equivalent", "underpowered"]})
