@@ -23,7 +23,7 @@ import pandas as pd
 
 from pipeline.io import write_json, write_text
 
-PHASE_ARCHS, PHASE_STEPS = ("vit", "swin", "resnet"), 1000  # bench.REFERENCE_STEPS holds the same for the reference
+PHASE_ARCHS, PHASE_STEPS = ("vit", "swin", "resnet"), 1000  # the same as reference_steps in bench/recorded.yaml
 STAGE = re.compile(r"Running stage '([^']+)'")
 CPU = re.compile(r"^(\w+): \d+ runs; the stage process used ([\d.]+) s of CPU")  # pipeline.stages.common
 
