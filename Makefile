@@ -28,12 +28,13 @@ lock:
 repro: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc repro
 
+# Two workers: the CI machine has two cores.
 test: $(STAMP)
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -n 2
 
-# Between edits: everything except the tests that run dvc or train (marked `slow`).
+# Between edits: everything that neither runs dvc nor trains (those are marked `slow`; tests/conftest.py).
 test-fast: $(STAMP)
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -m "not slow"
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -n 2 -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check pipeline tests bench

@@ -19,6 +19,7 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
+import lightning.pytorch
 import pytest
 import tiny_repo  # tests/ is on sys.path (pytest's rootdir-less test folder), like this conftest
 from filelock import FileLock, Timeout
@@ -102,10 +103,28 @@ class Reproduced:
         return self.repo
 
 
+# Fixtures that train (the teacher in ``workspace``, every stage in ``reproduced_repo``): their users are ``slow``.
+TRAINING_FIXTURES = {"workspace", "copy_workspace", "reproduced_repo", "copy_reproduced_repo"}
+
+
 def pytest_collection_modifyitems(items):
-    """Tests on ``reproduced_repo`` run last, so its background build overlaps the rest; before them the other
-    slow tests, so no worker is left with a long one at the end (the sort is stable: files keep their order)."""
+    """Mark the users of a training fixture ``slow``. Tests on ``reproduced_repo`` run last, so its background
+    build overlaps the rest; before them the other slow tests, so no worker is left with a long one at the end
+    (the sort is stable: files keep their order)."""
+    for item in items:
+        if TRAINING_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.slow)
     items.sort(key=lambda item: ("reproduced_repo" in item.fixturenames, item.get_closest_marker("slow") is None))
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_train_nothing(request, monkeypatch):
+    """``make test-fast`` (``-m "not slow"``) trains nothing: an unmarked test that fits a model fails here,
+    naming itself, instead of quietly making the fast loop slow."""
+    if request.node.get_closest_marker("slow") is None:
+        def refuse(*_args, **_kwargs):
+            raise AssertionError(f"{request.node.nodeid} trains a model (Trainer.fit): mark it `slow`")
+        monkeypatch.setattr(lightning.pytorch.Trainer, "fit", refuse)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -121,3 +121,36 @@ def test_budget_stage_writes_tables_and_rejects_bad_params(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: models.param_target:") and "\n" not in err, err
     assert not (tmp_path / "nothing").exists()
+
+
+def _expected_tokens(arch: str, params) -> int:
+    """What the first layer of each family sees, from the geometry alone (not from the built module)."""
+    g, family = params.geometry, ARCHS[arch].family
+    patch = {"vit": g.patch_size, "deit": g.patch_size, "nomix": g.patch_size,
+             "swin": params.models.swin.patch_size, "resnet": 1}[family]
+    return (g.image_size // patch) ** 2
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_one_step_of_every_arch_records_its_family_budget(arch, workspace, tmp_path):
+    # Through the training code itself, so a budget record that reads the wrong module attribute (a family
+    # whose embedding is not `patch_embed` counted as pixels) fails here rather than in a report.
+    from pipeline import experiment
+    from pipeline.budget import architecture_table
+    from pipeline.config import load_params
+    from pipeline.grid import Folders, RunKey, specs_for
+
+    params = load_params(workspace / "params.yaml")
+    key = RunKey("alignment", arch, 0, params.train.size, 1, "steps")
+    at = Folders(workspace / "data/tasks", workspace / "data/slices", tmp_path / "runs", tmp_path / "ckpt")
+    [spec] = specs_for("train", [key], at)
+    result = experiment.fit(experiment.Job(spec, params, "test", None))
+    got = result["budget"]
+    row = architecture_table(params, result["num_classes"]).set_index("arch").loc[arch]
+    images = result["steps_done"] * params.train.recipe.batch_size
+    assert result["steps_done"] == 1
+    assert got["params"] == row.params
+    assert got["forward_flops_per_image"] == row.forward_flops  # counted in the run == the family's formula
+    assert got["tokens_per_image"] == _expected_tokens(arch, params)
+    assert (got["images_seen"], got["tokens_seen"]) == (images, images * got["tokens_per_image"])
+    assert got["train_flops"] == 3 * row.forward_flops * images
