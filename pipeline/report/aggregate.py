@@ -54,7 +54,7 @@ def runs_frame(records: list[dict]) -> pd.DataFrame:
             "source": m["source"], "task": m["task"], "arch": m["arch"], "model": m.get("model", m["arch"]),
             "seed": int(m["seed"]), "train_size": int(m["train_size"]), "num_classes": m.get("num_classes"),
             "steps": m.get("steps", b.get("optimizer_steps")), "data_seed": int(m.get("data_seed") or 0),
-            "budget_mode": m.get("budget_mode", "steps"),
+            "budget_mode": m.get("budget_mode", "steps"), "lr": m.get("lr"),
             "test_acc": float(m["test_acc"]), "val_acc": m.get("val_acc"),
             "shift_consistency": m.get("shift_consistency"),
             "n_test": int(m.get("slices", {}).get("test", {}).get("n", 0)),
@@ -66,7 +66,7 @@ def runs_frame(records: list[dict]) -> pd.DataFrame:
             "dir": m.get("dir"), "curve": m.get("curve"),
         })
     cols = ["source", "task", "arch", "model", "seed", "train_size", "num_classes", "steps", "data_seed",
-            "budget_mode", "test_acc", "val_acc",
+            "budget_mode", "lr", "test_acc", "val_acc",
             "shift_consistency", "n_test", "id_acc", "ood_acc", "steps_done", "criterion_step",
             "criterion_recorded", "stop_reason", *BUDGET_KEYS, *MEASURED_KEYS, "teacher_arch", "mlflow_run_id", "dir",
             "curve"]

@@ -16,7 +16,7 @@ from scipy import stats as sps
 from pipeline.report.aggregate import first_step
 from pipeline.report.cells import select
 
-COLUMNS = ["task", "arch", "seeds", "id_mean", "id_lo", "id_hi", "chance", "floor", "learn_at", "learned",
+COLUMNS = ["task", "arch", "seeds", "lr", "id_mean", "id_lo", "id_hi", "chance", "floor", "learn_at", "learned",
            "k_criterion", "median_steps_to_criterion", "stop_reasons", "ood_mean", "ood_lo", "ood_hi"]
 
 
@@ -75,6 +75,12 @@ def stop_text(reasons: pd.Series) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
+def lr_text(lrs: pd.Series) -> str:
+    """The learning rate(s) a cell's seeds trained at (one, when the tune stage chose it); "-" if unrecorded."""
+    values = sorted({float(v) for v in lrs.dropna()})
+    return ", ".join(f"{v:g}" for v in values) or "-"
+
+
 def _chance(floors: dict, task: str, runs: pd.DataFrame) -> float:
     """The task's chance accuracy: floors.json's ``chance``, else 1 / classes of its runs."""
     rec = floors.get(task) or {}
@@ -101,7 +107,8 @@ def learnability_table(runs: pd.DataFrame, config: dict, floors: dict, floor: di
         idm, idlo, idhi = seed_interval(g.id_acc, level)
         oodm, oodlo, oodhi = seed_interval(g.ood_acc, level)
         steps = pd.Series([steps_to_criterion(r, criterion) for r in g.itertuples()], dtype=float).dropna()
-        rows.append({"task": task, "arch": arch, "seeds": len(g), "id_mean": idm, "id_lo": idlo, "id_hi": idhi,
+        rows.append({"task": task, "arch": arch, "seeds": len(g), "lr": lr_text(g.lr),
+                     "id_mean": idm, "id_lo": idlo, "id_hi": idhi,
                      "chance": chance, "floor": fl, "learn_at": learn_threshold(chance, fl, frac),
                      "learned": "yes" if learned(idm, chance, fl, frac) else "no", "k_criterion": len(steps),
                      "median_steps_to_criterion": float(steps.median()) if len(steps) else math.nan,
@@ -125,7 +132,7 @@ def learnability_view(table: pd.DataFrame) -> pd.DataFrame:
         return f"{k}, median step {r.median_steps_to_criterion:.0f}" if r.k_criterion else f"{k} (not reached)"
 
     return pd.DataFrame({
-        "task": table.task, "arch": table.arch,
+        "task": table.task, "arch": table.arch, "lr": table.lr,
         "in-distribution acc (seed CI)": [_ci(r.id_mean, r.id_lo, r.id_hi) for r in table.itertuples()],
         "learned (needs)": [f"{r.learned} (>= {r.learn_at:.3f})" for r in table.itertuples()],
         "reached criterion": [reached(r) for r in table.itertuples()],
@@ -134,7 +141,9 @@ def learnability_view(table: pd.DataFrame) -> pd.DataFrame:
     })
 
 
-NOTE = ("Main configuration ({config}), one row per task x architecture. In-distribution accuracy: each seed's "
+NOTE = ("Main configuration ({config}), one row per task x architecture. lr: the learning rate the cell trained "
+        "at, chosen for it by the `tune` stage on validation accuracy ([tuning table](../tune/tuning.md)). "
+        "In-distribution accuracy: each seed's "
         "accuracy on the task's `slice/id` (the whole test split where the task has no such slice), their mean "
         "and a {level:.0%} Student-t interval over seeds (none with one seed). `learned`: the mean clears "
         "base + f x (1 - base), base = the higher of chance and the task's shortcut floor, f = `report."

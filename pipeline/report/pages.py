@@ -326,6 +326,7 @@ def write_report(inp: Inputs, out: Path) -> None:
     made = figure_list(inp, out, frames)
     io.write_json(out / "summary.json", summary(frames, inp.floors))
     links = {"interface checks (level 1)": "interface/interface.md", "architectures and budget": "budget/README.md",
+             "matched tuning (each cell's learning-rate trials and choice)": "tune/tuning.md",
              **{f"samples: {t}": f"samples/{t}.png" for t in params.tasks.names}}
     scale = f"{params.geometry.image_size} px images, ~{params.models.param_target:,} parameters, minutes of CPU"
     io.write_text(out / "README.md", markdown.readme(
