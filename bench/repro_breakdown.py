@@ -61,6 +61,10 @@ def stage_times(logs: list[Path]) -> tuple[dict[str, float], float]:
     return times, round(total, 1)
 
 
+# The training stages by the data/ folder their runs live in (dvc.yaml's outs).
+STAGE_OF = {"runs": "train", "teachers": "teacher", "tune": "tune"}
+
+
 def run_rows(repo: Path) -> pd.DataFrame:
     """One row per trained run: its stage family, arch, fit wall time and step seconds."""
     rows = []
@@ -68,8 +72,8 @@ def run_rows(repo: Path) -> pd.DataFrame:
         m = json.loads(path.read_text())
         measured = m.get("measured", {})
         phases = measured.get("phases_s") or {}
-        family = path.relative_to(repo / "data").parts[0]  # runs (the train stage) | teachers
-        rows.append({"stage": "teacher" if family == "teachers" else "train", "arch": m["arch"],
+        folder = path.relative_to(repo / "data").parts[0]
+        rows.append({"stage": STAGE_OF.get(folder, folder), "arch": m["arch"],
                      "fit_s": phases.get("fit", measured.get("wall_time_s", 0.0)), "steps_s": phases.get("steps", 0.0),
                      "run_s": measured.get("run_s", float("nan")),  # absent before the run's own timer existed
                      "optimizer_steps": m.get("budget", {}).get("optimizer_steps")})

@@ -15,8 +15,8 @@ LOG = """\
 """
 
 
-def run(tmp, arch, run_s, fit, steps):
-    folder = tmp / "data/runs" / arch / "alignment/n1-t1-s0-d0"
+def run(tmp, arch, run_s, fit, steps, under="runs"):
+    folder = tmp / "data" / under / arch / "alignment/n1-t1-s0-d0"
     folder.mkdir(parents=True)
     (folder / "metrics.json").write_text(json.dumps({"arch": arch, "teacher": None, "budget": {"optimizer_steps": 400},
                                                      "measured": {"run_s": run_s, "phases_s": {"fit": fit,
@@ -28,6 +28,10 @@ def test_breakdown_of_a_small_repro(tmp_path):
     log.write_text(LOG)
     run(tmp_path, "vit", 50.0, 45.0, 40.0)
     run(tmp_path, "resnet", 60.0, 55.0, 50.0)
+    other = tmp_path / "with_tune"
+    run(other, "vit", 50.0, 45.0, 40.0)
+    run(other, "vit", 9.0, 8.0, 7.0, under="tune/runs/lr0.002")  # a tune trial is the tune stage's, not train's
+    assert repro_breakdown.run_rows(other).groupby("stage").size().to_dict() == {"train": 1, "tune": 1}
     times, total = repro_breakdown.stage_times([log])
     assert times == {"data@alignment": 3.0, "train": 57.0} and total == 60.0
     assert repro_breakdown.stage_cpu([log]) == {"train": 7.5}
