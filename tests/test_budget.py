@@ -8,17 +8,20 @@ import tiny_repo
 import torch
 import yaml
 
+from pipeline import experiment
 from pipeline.archs import ARCHS
 from pipeline.budget import (
     analytic_forward_flops,
+    architecture_table,
     measured_forward_flops,
     steps_for_flops,
     teacher_flops,
     train_flops_per_image,
     training_flops,
 )
-from pipeline.config import Geometry, Models, parse_params
+from pipeline.config import Geometry, Models, load_params, parse_params
 from pipeline.errors import ConfigError
+from pipeline.grid import Folders, RunKey, specs_for
 from pipeline.models import build_model
 
 torch.set_num_threads(1)
@@ -131,24 +134,25 @@ def _expected_tokens(arch: str, params) -> int:
     return (g.image_size // patch) ** 2
 
 
+@pytest.fixture(scope="module")
+def workspace_budget(workspace):
+    """The workspace's params and its budget table at alignment's classes, built once for every arch below."""
+    params = load_params(workspace / "params.yaml")
+    return params, architecture_table(params, params.tasks.alignment.num_classes).set_index("arch")
+
+
 @pytest.mark.parametrize("arch", list(ARCHS))
-def test_one_step_of_every_arch_records_its_family_budget(arch, workspace, tmp_path):
+def test_one_step_of_every_arch_records_its_family_budget(arch, workspace, workspace_budget, tmp_path):
     # Through the training code itself, so a budget record that reads the wrong module attribute (a family
     # whose embedding is not `patch_embed` counted as pixels) fails here rather than in a report.
-    from pipeline import experiment
-    from pipeline.budget import architecture_table
-    from pipeline.config import load_params
-    from pipeline.grid import Folders, RunKey, specs_for
-
-    params = load_params(workspace / "params.yaml")
+    params, table = workspace_budget
     key = RunKey("alignment", arch, 0, params.train.size, 1, "steps")
     at = Folders(workspace / "data/tasks", workspace / "data/slices", tmp_path / "runs", tmp_path / "ckpt")
     [spec] = specs_for("train", [key], at)
     result = experiment.fit(experiment.Job(spec, params, "test", None))
-    got = result["budget"]
-    row = architecture_table(params, result["num_classes"]).set_index("arch").loc[arch]
+    got, row = result["budget"], table.loc[arch]
     images = result["steps_done"] * params.train.recipe.batch_size
-    assert result["steps_done"] == 1
+    assert result["steps_done"] == 1 and result["num_classes"] == params.tasks.alignment.num_classes
     assert got["params"] == row.params
     assert got["forward_flops_per_image"] == row.forward_flops  # counted in the run == the family's formula
     assert got["tokens_per_image"] == _expected_tokens(arch, params)

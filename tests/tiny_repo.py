@@ -36,7 +36,6 @@ __all__ = ["REPLACE", "ROOT", "SMALL", "TINY", "VENV_BIN", "assert_same_runs", "
            "write_params"]
 
 
-
 def stage_running(session: int, module: str) -> bool:
     """Is a process of ``session`` running ``python -m pipeline.stages.<module>``?"""
     for pid in filter(str.isdigit, os.listdir("/proc")):
