@@ -22,7 +22,6 @@ import functools
 import json
 import os
 import re
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -36,6 +35,7 @@ from filelock import FileLock, Timeout
 from pipeline.config import Params
 from pipeline.environment import environment
 from pipeline.errors import ConfigError, StageError
+from pipeline.repository import git_commit, repo_root  # noqa: F401 (repo_root: experiment reads it here)
 
 STORE_NAME = "mlflow.db"
 # MLflow 3 before 3.5 opens an experiment of this kind on its runs table (classic training), not the GenAI overview.
@@ -106,19 +106,6 @@ ANSWERS = {"RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "RESOURCE_ALREA
 # StageError says it instead.
 NOISY = {"mlflow.store.db.utils": "CRITICAL", "alembic": "WARNING", "mlflow.system_metrics": "ERROR",
          "mlflow.utils.rest_utils": "CRITICAL"}
-
-
-def repo_root(start: str | Path | None = None) -> Path:
-    """The repository that owns ``start`` (default: cwd), seen through DVC's temporary experiment copies."""
-    path = Path(start or os.getcwd()).resolve()
-    parts = path.parts
-    for i in range(len(parts) - 3):
-        if parts[i : i + 3] == (".dvc", "tmp", "exps"):
-            return Path(*parts[:i])
-    for candidate in (path, *path.parents):
-        if (candidate / "dvc.yaml").exists() or (candidate / ".git").exists():
-            return candidate
-    return path
 
 
 def tracking_uri(params: Params | None = None, start: str | Path | None = None) -> str:
@@ -284,25 +271,6 @@ def ensure_experiment(name: str, uri: str) -> str:
 
 def experiment_name(params: Params, stage: str) -> str:
     return f"{params.tracking.experiment_prefix}-{stage}"
-
-
-def _git(*args: str) -> str:
-    return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
-
-
-DECIDING = ("pipeline", "params.yaml", "dvc.yaml", "pyproject.toml", "constraints.txt")
-
-
-def git_commit() -> str:
-    """The checked-out commit, ``+dirty`` when what decides results (the code, params.yaml, dvc.yaml,
-    pyproject.toml, the pinned versions in constraints.txt) differs from it, or ``unknown`` outside git. Outputs
-    a repro rewrites (dvc.lock, reports/) do not count: a fresh clone's ``dvc repro`` reports the commit it ran."""
-    try:
-        sha = _git("rev-parse", "HEAD")
-        dirty = _git("status", "--porcelain", "--untracked-files=no", "--", *DECIDING)
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return f"{sha}+dirty" if dirty else sha
 
 
 def dvc_experiment() -> dict[str, str]:

@@ -93,7 +93,7 @@ def test_diverging_run_is_one_line_and_failed(copy_workspace, capsys):
 def test_git_commit_is_dirty_only_when_what_decides_results_changed(tmp_path, monkeypatch):
     import subprocess
 
-    from pipeline.tracking import git_commit
+    from pipeline.repository import git_commit
 
     def git(*args):
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,

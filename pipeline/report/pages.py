@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeline import io, tracking
+from pipeline import io, repository
 from pipeline.report import aggregate as agg
 from pipeline.report import cells, collisions, learnability, ledger, markdown, natural, sources
 from pipeline.report import figures as fig
@@ -330,7 +330,7 @@ def write_report(inp: Inputs, out: Path) -> None:
              **{f"samples: {t}": f"samples/{t}.png" for t in params.tasks.names}}
     scale = f"{params.geometry.image_size} px images, ~{params.models.param_target:,} parameters, minutes of CPU"
     io.write_text(out / "README.md", markdown.readme(
-        commit=tracking.git_commit(), date=dt.date.today().isoformat(), level=params.report.confidence,
+        commit=repository.git_commit(), date=dt.date.today().isoformat(), level=params.report.confidence,
         scale=scale, sentences=markdown.findings(frames["ledger"]), floors_text=markdown.floors_line(inp.floors),
         counts=markdown.verdict_counts(frames["ledger"]), tables=paths, figures=made, links=links,
         rows=markdown.row_counts(frames["ledger"])))

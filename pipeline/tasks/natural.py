@@ -47,7 +47,7 @@ _BATCH = re.compile(r"(?:^|/)(data_batch_[1-5]|test_batch)$")
 def candidate_paths(cfg: NaturalParams) -> list[Path]:
     """``tasks.natural.path``: candidate archives in the order tried, relative to the repository root (also
     inside DVC's experiment copies)."""
-    from pipeline.tracking import repo_root
+    from pipeline.repository import repo_root
 
     return [p if p.is_absolute() else repo_root() / p for p in map(Path, cfg.path)]
 
