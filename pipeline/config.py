@@ -220,6 +220,8 @@ class StopRule(Section):
     patience: PosInt  # plateau: validations without a rise of min_delta in the best accuracy
     min_delta: Annotated[float, Field(ge=0)]
     min_steps: NonNegInt  # no plateau stop before this step
+    # ... nor while the best accuracy is below chance + plateau_above x (1 - chance): near chance, train to the cap
+    plateau_above: Annotated[float, Field(ge=0, lt=1)]
 
 
 class Train(Section):

@@ -293,7 +293,8 @@ def fit(job: Job) -> dict:
     curves = Curves(spec.name, steps, rt.log_every_steps, rt.checkpoint_every_steps, spec.ckpt_dir / "last.ckpt")
     timer = PhaseTimer()
     c = params.train.criterion
-    stop = (Criterion(c.accuracy, c.hold, c.patience, c.min_delta, c.min_steps)
+    stop = (Criterion(c.accuracy, c.hold, c.patience, c.min_delta, c.min_steps, c.plateau_above,
+                      chance=1 / split.num_classes)
             if spec.key.budget_mode == "criterion" else None)
     # the stop rule before the curves: its state is in the checkpoint Curves saves after a validation
     trainer = _trainer(job, steps, [timer, *([stop] if stop else []), ckpt, curves])

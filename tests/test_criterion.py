@@ -45,10 +45,21 @@ def test_criterion_held_stops_the_run_and_charges_only_its_steps(workspace, tmp_
 
 def test_plateau_stops_a_run_that_no_longer_improves(workspace, tmp_path):
     # no rise can reach min_delta 1.0: the best is set at the first validation, two more without a rise stop it
-    params = params_with(workspace, tmp_path, accuracy=1.0, min_delta=1.0, patience=2, min_steps=0)
+    params = params_with(workspace, tmp_path, accuracy=1.0, min_delta=1.0, patience=2, min_steps=0,
+                         plateau_above=0.0)
     with mlflow_store(tmp_path):
         m = train(workspace, tmp_path / "run", params, key=KEY)
     assert (m["stop_reason"], m["criterion_step"], m["steps_done"]) == ("plateau", None, 30)
+
+
+def test_a_flat_run_near_chance_trains_on_to_the_cap(workspace, tmp_path):
+    # the same flat curve, but its best never clears chance + 0.99 x (1 - chance): the plateau rule stays off
+    params = params_with(workspace, tmp_path, accuracy=1.0, min_delta=1.0, patience=2, min_steps=0,
+                         plateau_above=0.99)
+    with mlflow_store(tmp_path):
+        m = train(workspace, tmp_path / "run", params, key=KEY)
+    assert max(r["val_acc"] for r in m["curve"]) < 0.25 + 0.99 * 0.75  # alignment: 4 classes
+    assert (m["stop_reason"], m["criterion_step"], m["steps_done"]) == ("cap", None, CAP)
 
 
 def test_cap_ends_a_run_the_rules_never_stop(workspace, tmp_path):
@@ -59,7 +70,8 @@ def test_cap_ends_a_run_the_rules_never_stop(workspace, tmp_path):
 
 
 def test_interrupted_run_stops_where_an_uninterrupted_one_does(workspace, tmp_path):
-    params = params_with(workspace, tmp_path, accuracy=1.0, min_delta=1.0, patience=2, min_steps=0)
+    params = params_with(workspace, tmp_path, accuracy=1.0, min_delta=1.0, patience=2, min_steps=0,
+                         plateau_above=0.0)
     with mlflow_store(tmp_path):
         whole = train(workspace, tmp_path / "whole", params, key=KEY)
         with pytest.MonkeyPatch.context() as mp:
