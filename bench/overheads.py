@@ -51,8 +51,9 @@ def one_run(params, arch: str, steps: int, folder: Path, n_train: int, n_val: in
     from lightning.pytorch.loggers import MLFlowLogger
 
     from pipeline.experiment import Split
-    from pipeline.learner import ArrayData, Classifier, Curves, PhaseTimer, predict
+    from pipeline.learner import ArrayData, Classifier, Curves, PhaseTimer
     from pipeline.models import build_model
+    from pipeline.predict import predict
 
     r, rt = params.train.recipe, params.train.runtime
     phases = {}

@@ -332,7 +332,7 @@ def evaluate(model, split, batch_size: int, extra: dict[str, np.ndarray]) -> dic
     Shift consistency: does the prediction survive a (cyclic) one-pixel shift along x, which moves content
     across patch boundaries?
     """
-    from pipeline.learner import predict, slice_accuracy
+    from pipeline.predict import predict, slice_accuracy
 
     test_idx = split.indices["test"]
     logits = predict(model, split.images[test_idx], batch_size)
@@ -350,7 +350,7 @@ def evaluate(model, split, batch_size: int, extra: dict[str, np.ndarray]) -> dic
 def evaluate_factors(model, spec: RunSpec, split, params: Params) -> dict:
     """The pre-specified test-set subgroups (natural images) and the resolution sweep (``evaluation``), for
     main-grid runs."""
-    from pipeline.learner import predict
+    from pipeline.predict import predict
     from pipeline.resolution import evaluate_resolutions, native_for
     from pipeline.subgroups import evaluate_subgroups
 

@@ -14,24 +14,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import lightning as L
-import numpy as np
 import torch
 import torch.nn.functional as F
 from timm.optim import param_groups_weight_decay
 from torch import nn
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
+from pipeline.predict import to_tensor
+
 if TYPE_CHECKING:
     from pipeline.experiment import Split
-
-# uint8 images -> roughly zero-mean, unit-scale floats; the same fixed map for every task and architecture.
-PIXEL_MEAN, PIXEL_STD = 127.5, 64.0
-
-
-def to_tensor(images: np.ndarray) -> torch.Tensor:
-    """(N, H, W, C) uint8 -> (N, C, H, W) float32, normalised."""
-    x = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).float()
-    return (x - PIXEL_MEAN) / PIXEL_STD
 
 
 class StepBatches(Sampler[list[int]]):
@@ -98,9 +90,6 @@ class ArrayData(L.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self._dataset("val"), batch_size=self.eval_batch_size, collate_fn=as_batch)
-
-    def test_dataloader(self) -> DataLoader:
-        return DataLoader(self._dataset("test"), batch_size=self.eval_batch_size, collate_fn=as_batch)
 
 
 def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -183,9 +172,6 @@ class Classifier(L.LightningModule):
         self.log_dict({"val/loss": F.cross_entropy(logits, y), "val/acc": (logits.argmax(-1) == y).float().mean()},
                       on_step=False, on_epoch=True)
 
-    def predict_step(self, batch, batch_idx):
-        return self(batch[0])
-
     def configure_optimizers(self):
         hp = self.hparams
         # Norms, biases and what the model lists in no_weight_decay() (position embeddings, class/distillation
@@ -248,9 +234,10 @@ class Criterion(L.Callback):
     not risen by ``min_delta`` for ``patience`` validations, but only once that best has left chance, i.e.
     cleared ``chance + plateau_above x (1 - chance)``. A run still near chance trains on to the cap: these tiny
     models leave chance in a sudden transition after a long flat phase (vit_overlap on alignment, lr 5e-4: the
-    old rule stopped all 5 seeds near 0.24 by step 600; run on under a 2,000-step cap it read 0.56 at step 700
-    and 0.97 at step 900), so flatness near chance says nothing about whether a run will learn.
-    Otherwise the trainer's ``max_steps`` (the cap) ends it. Lightning's ``EarlyStopping`` has a threshold and a patience but no hold count, no start step for its
+    old rule stopped 3 of 5 seeds near 0.24, the other 2 ended at chance at a 1,000-step cap; run on under a
+    2,000-step cap it read 0.56 at step 700 and 0.97 at step 900), so flatness near chance says nothing about
+    whether a run will learn. Otherwise the trainer's ``max_steps`` (the cap) ends it. Lightning's
+    ``EarlyStopping`` has a threshold and a patience but no hold count, no start step or floor for its
     patience and no record of which rule fired, which the learnability table reports; so one small callback.
     Its state rides in every checkpoint: a resumed run stops where an uninterrupted one would.
     """
@@ -350,30 +337,6 @@ class PhaseTimer(L.Callback):
     def step_share(self) -> float:
         """Training steps' share of the fit's wall time."""
         return self.seconds["steps"] / self.seconds["fit"] if self.seconds["fit"] else 0.0
-
-
-def predict(model: nn.Module, images: np.ndarray, batch_size: int = 1000) -> np.ndarray:
-    """Logits (N, K) float32 of ``model`` in eval mode (averaging DeiT's two heads)."""
-    model.eval()
-    outs = []
-    with torch.inference_mode():
-        for start in range(0, len(images), batch_size):
-            out = model(to_tensor(images[start:start + batch_size]))
-            outs.append((out[0] + out[1]) / 2 if isinstance(out, tuple) else out)
-    return torch.cat(outs).float().numpy()
-
-
-def slice_accuracy(pred: np.ndarray, labels: np.ndarray, indices: dict[str, np.ndarray]) -> dict[str, dict]:
-    """Accuracy overall on ``test`` and on every ``slice/...`` (index arrays into the full task arrays).
-
-    ``pred`` holds the predicted class of every sample of the task (-1 where not predicted).
-    """
-    out = {}
-    for key in ["test", *sorted(k for k in indices if k.startswith("slice/"))]:
-        idx = indices[key]
-        if len(idx):
-            out[key] = {"acc": float((pred[idx] == labels[idx]).mean()), "n": int(len(idx))}
-    return out
 
 
 def quiet_lightning() -> None:

@@ -24,7 +24,8 @@ WEIGHTS = "weights.pt"  # every run's final state_dict; a teacher's is what its 
 PROVENANCE = "provenance.json"
 # The modules whose code decides what a run computes: part of every run's identity, and the train stages'
 # DVC deps (dvc.yaml lists the same files).
-CODE = ("learner", "experiment", "grid", "archs", "models", "budget", "provenance", "subgroups", "resolution")
+CODE = ("learner", "predict", "experiment", "grid", "archs", "models", "budget", "provenance", "subgroups",
+        "resolution")
 
 
 def code_sha256() -> str:

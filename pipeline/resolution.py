@@ -168,7 +168,7 @@ def resize_images(images: np.ndarray, size: int, method: str) -> np.ndarray:
 def evaluate_resolutions(model: nn.Module, arch: str, params: Params, images_native: np.ndarray,
                          labels: np.ndarray, sizes: list[int], batch_size: int = 1000) -> dict[int, dict]:
     """``{size: {acc, n}}``: ``model`` mapped to each size (:func:`at_resolution`) on the resized images."""
-    from pipeline.learner import predict
+    from pipeline.predict import predict
 
     method = params.evaluation.resolution.image_resize
     out = {}

@@ -260,8 +260,8 @@ def test_area_resize_equals_the_data_stage_where_sizes_divide():
 def test_evaluate_resolutions_matches_plain_prediction_at_the_training_size(arch):
     import torch
 
-    from pipeline.learner import predict
     from pipeline.models import build_model
+    from pipeline.predict import predict
     from pipeline.resolution import evaluate_resolutions, resize_images
 
     params = repo_params()

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipeline.learner import to_tensor
+from pipeline.predict import to_tensor
 
 RANK_RTOL = 1e-10  # singular values below this fraction of the largest count as zero
 
