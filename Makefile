@@ -5,7 +5,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: repro test test-fast lint bench mlflow-ui lock
+.PHONY: help repro test test-fast lint bench mlflow-ui lock smoke
+.DEFAULT_GOAL := help
+
+help:  ## this list (every target installs .venv first when needed)
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 12
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -16,7 +20,7 @@ $(STAMP): pyproject.toml constraints.txt
 # After a dependency change in pyproject.toml: install what it asks for (keeping what still satisfies it) and pin
 # the result in constraints.txt, which every install then uses (numbers are bit-identical only on the same
 # libraries: pipeline/environment.py).
-lock:
+lock:  ## install what pyproject.toml asks for and pin it in constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet -e '.[dev]'
 	{ echo "# pip constraints written by \`make lock\`: every package at the version installed then (run \`make test\`"; \
@@ -25,23 +29,26 @@ lock:
 	  $(BIN)/pip freeze --exclude-editable; } > constraints.txt
 	touch $(STAMP)
 
-repro: $(STAMP)
+repro: $(STAMP)  ## the whole study: dvc repro on params.yaml (60-150 min on 2 cores)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc repro
 
 # Two workers: the CI machine has two cores.
-test: $(STAMP)
+test: $(STAMP)  ## every test (about 4 min on 2 cores)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -n 2
 
 # Between edits: everything that neither runs dvc nor trains (those are marked `slow`; tests/conftest.py).
-test-fast: $(STAMP)
+test-fast: $(STAMP)  ## the tests that neither train nor run dvc (under a minute)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -n 2 -m "not slow"
 
-lint: $(STAMP)
+lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check pipeline tests bench
 
-bench: $(STAMP)
+bench: $(STAMP)  ## benchmarks: what the pipeline costs on this machine (reports/performance.md)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench
 
 # The MLflow UI on http://127.0.0.1:5000 (localhost only).
-mlflow-ui: $(STAMP)
+mlflow-ui: $(STAMP)  ## the MLflow UI on http://127.0.0.1:5000
 	$(BIN)/mlflow ui --host 127.0.0.1 --port 5000 --backend-store-uri sqlite:///$(CURDIR)/mlflow.db
+
+smoke: $(STAMP)  ## the whole DAG on a tiny config in a throwaway copy (about a minute)
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/bias smoke

@@ -1,0 +1,174 @@
+"""``bias``: the inner loop around the pipeline, in one console command (``[project.scripts]``).
+
+- ``bias repro [DVC ARGS]``: ``dvc repro`` of this repository (what ``make repro`` runs).
+- ``bias smoke [--keep DIR]``: the whole DAG on a tiny config (:mod:`bench.tiny`) in a throwaway copy of the
+  working tree, uncommitted edits included; about a minute. It leaves this repository, its outputs and its
+  MLflow store untouched and ends with the copy's ledger counts.
+- ``bias run-one --arch vit --task alignment [--seed 0] [--steps N] [--lr X]``: one run of the main grid
+  through the train stage's own code (:func:`pipeline.experiment.fit`), in this process, on the data the data
+  and slice stages wrote; it prints what the run measured and writes nothing the pipeline reads (no MLflow run,
+  no DVC output). The cell's tuned learning rate is used when the tune stage has run.
+- ``bias ui [--port 5000]``: the MLflow UI on this repository's store.
+
+Errors in the arguments or missing inputs are one line and exit 2, as in the stages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from pipeline.errors import ConfigError, StageError
+
+
+def _bin(name: str) -> str:
+    """A console script of this environment (dvc, mlflow), found beside the running interpreter."""
+    return str(Path(sys.executable).parent / name)
+
+
+def _env() -> dict[str, str]:
+    """The stages call ``python`` from PATH: this environment's first."""
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def repro(args: argparse.Namespace) -> int:
+    from pipeline.repository import repo_root
+
+    return subprocess.run([_bin("dvc"), "repro", *args.dvc_args], cwd=repo_root(), env=_env()).returncode
+
+
+def smoke(args: argparse.Namespace) -> int:
+    from bench import tiny
+
+    dest = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bias-smoke-"))
+    if args.keep and dest.exists() and any(dest.iterdir()):
+        raise StageError(f"--keep {dest}: not an empty folder (the smoke copy needs its own)")
+    t0 = time.perf_counter()
+    try:
+        tiny.make_repo(dest)
+        print(f"smoke: tiny copy of the working tree in {dest}; dvc repro ...", flush=True)
+        proc = tiny.dvc(dest, "repro", check=False, timeout=1800)
+        if proc.returncode:
+            sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+            print(f"smoke: dvc repro failed (exit {proc.returncode}) in {dest}", file=sys.stderr)
+            return proc.returncode
+        ledger = json.loads((dest / "reports" / "summary.json").read_text())["ledger"]
+        counts = ", ".join(f"{n} {verdict}" for verdict, n in ledger.items() if n)
+        where = f"; report {dest / 'reports' / 'README.md'}" if args.keep else ""
+        print(f"smoke: the whole DAG ran in {time.perf_counter() - t0:.0f} s; ledger rows: {counts}{where}",
+              flush=True)
+        return 0
+    finally:
+        if not args.keep:
+            shutil.rmtree(dest, ignore_errors=True)
+
+
+def run_spec(params, arch: str, task: str, seed: int, out: Path, lrs: dict):
+    """The main-grid run of (arch, task, seed), its outputs moved under ``out``; refuses what the grid lacks."""
+    from pipeline.grid import Folders, at_main_budget, train_specs
+
+    root = Path("data")
+    specs = [s for s in train_specs(params, Folders(root / "tasks", root / "slices", out / "runs", out / "ckpt",
+                                                    root / "teachers"), lrs)
+             if (s.key.arch, s.key.task) == (arch, task) and at_main_budget(s, params)]
+    if not specs:
+        cells = sorted({(s.key.arch, s.key.task) for s in train_specs(params, Folders(*[root] * 5))})
+        raise ConfigError(f"--arch {arch} --task {task}: not a cell of the main grid (train.archs, "
+                          f"distill.students); cells: {', '.join(f'{a}/{t}' for a, t in cells)}")
+    by_seed = {s.key.seed: s for s in specs}
+    if seed not in by_seed:
+        raise ConfigError(f"--seed {seed}: not in train.seeds {sorted(by_seed)}")
+    return by_seed[seed]
+
+
+def run_one(args: argparse.Namespace) -> int:
+    from pipeline.config import load_params
+    from pipeline.experiment import Job, fit
+    from pipeline.tune import read_choice
+
+    params = load_params(args.params)
+    choice = Path("data/tune/choice.json")
+    lrs = read_choice(choice, params) if choice.exists() else {}
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bias-run-one-"))
+    try:
+        spec = run_spec(params, args.arch, args.task, args.seed, out, lrs)
+        for need in (spec.data_dir, spec.slices_dir, *([spec.teacher_dir] if spec.teacher_dir else [])):
+            if not need.exists():
+                raise StageError(f"{need}: missing; run `dvc repro` (or the stage that writes it) first")
+        if args.steps:
+            spec = replace(spec, key=replace(spec.key, steps=args.steps))
+        if args.lr:
+            spec = replace(spec, lr=args.lr)
+        print(f"run-one: {spec.name} at lr {spec.lr or params.train.recipe.lr:g}, cap {spec.key.steps} steps",
+              flush=True)
+        t0 = time.perf_counter()
+        result = fit(Job(spec, params, "run-one", None))
+        slices = result["evaluation"]["slices"]
+        line = {"run": spec.name, "steps_done": result["steps_done"], "stop_reason": result["stop_reason"],
+                "criterion_step": result["criterion_step"], "val_acc": result["val_acc"],
+                **{k: v["acc"] for k, v in slices.items() if k in ("test", "slice/id", "slice/ood")},
+                "wall_s": round(time.perf_counter() - t0, 1)}
+        print(json.dumps(line), flush=True)
+        if args.out:
+            (out / "summary.json").write_text(json.dumps({**line, "curve": result["curve"]}, indent=1) + "\n")
+        return 0
+    finally:
+        if not args.out:
+            shutil.rmtree(out, ignore_errors=True)
+
+
+def ui(args: argparse.Namespace) -> int:
+    from pipeline.repository import repo_root
+
+    store = f"sqlite:///{repo_root() / 'mlflow.db'}"
+    return subprocess.run([_bin("mlflow"), "ui", "--host", "127.0.0.1", "--port", str(args.port),
+                           "--backend-store-uri", store]).returncode
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bias", description="The inner loop around the pipeline (pipeline/cli.py).")
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("repro", help="dvc repro of this repository (extra arguments pass to dvc)")
+    r.add_argument("dvc_args", nargs=argparse.REMAINDER)
+    r.set_defaults(fn=repro)
+    s = sub.add_parser("smoke", help="the whole DAG on a tiny config in a throwaway copy (~1 min)")
+    s.add_argument("--keep", help="an empty folder to keep the tiny copy in (default: a temporary one, removed)")
+    s.set_defaults(fn=smoke)
+    o = sub.add_parser("run-one", help="one main-grid run through the train stage's code, nothing recorded")
+    o.add_argument("--arch", required=True)
+    o.add_argument("--task", required=True)
+    o.add_argument("--seed", type=int, default=0)
+    o.add_argument("--steps", type=int, help="the cap (or fixed steps) instead of train.recipe.steps")
+    o.add_argument("--lr", type=float, help="instead of the cell's tuned learning rate")
+    o.add_argument("--params", default="params.yaml")
+    o.add_argument("--out", help="keep the run's checkpoints and summary.json here (default: discarded)")
+    o.set_defaults(fn=run_one)
+    u = sub.add_parser("ui", help="the MLflow UI on this repository's store (localhost)")
+    u.add_argument("--port", type=int, default=5000)
+    u.set_defaults(fn=ui)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    for name in ("steps", "lr"):
+        if getattr(args, name, None) is not None and getattr(args, name) <= 0:
+            print(f"error: --{name.replace('_', '-')} {getattr(args, name)}: must be positive", file=sys.stderr)
+            return 2
+    try:
+        return args.fn(args)
+    except (ConfigError, StageError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
