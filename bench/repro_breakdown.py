@@ -76,8 +76,25 @@ def run_rows(repo: Path) -> pd.DataFrame:
         rows.append({"stage": STAGE_OF.get(folder, folder), "arch": m["arch"],
                      "fit_s": phases.get("fit", measured.get("wall_time_s", 0.0)), "steps_s": phases.get("steps", 0.0),
                      "run_s": measured.get("run_s", float("nan")),  # absent before the run's own timer existed
-                     "optimizer_steps": m.get("budget", {}).get("optimizer_steps")})
+                     "optimizer_steps": m.get("budget", {}).get("optimizer_steps"),
+                     "cap": m.get("steps"), "stop_reason": m.get("stop_reason", "cap")})
     return pd.DataFrame(rows)
+
+
+def stop_savings(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per stop reason: runs, and the worker-minutes the steps they did not take would have cost at each run's
+    own measured seconds per step (criterion and plateau stops; a run that hit its cap saved nothing)."""
+    per_step = runs.steps_s / runs.optimizer_steps
+    left = (runs.cap - runs.optimizer_steps).clip(lower=0).where(runs.stop_reason != "cap", 0)
+    table = runs.assign(saved_min=left * per_step / 60, steps_min=runs.steps_s / 60)
+    return table.groupby("stop_reason").agg(runs=("arch", "size"), steps_min=("steps_min", "sum"),
+                                             saved_min=("saved_min", "sum"))
+
+
+def decided(summary: dict) -> tuple[int, int]:
+    """(informative paired ledger rows, informative rows of every kind) from a report's ``summary.json``."""
+    informative = summary.get("informative", {})
+    return int(informative.get("paired", 0)), int(sum(informative.values()))
 
 
 def breakdown(times: dict[str, float], runs: pd.DataFrame, workers: int, cpu: dict[str, float]) -> pd.DataFrame:
@@ -125,7 +142,17 @@ def main(argv: list[str] | None = None) -> int:
 
         timing["machine_steps_s"] = {"steps": PHASE_STEPS, "s": {
             arch: overheads.breakdown(arch, PHASE_STEPS, repeat=1)["phases"]["fit/steps"] for arch in PHASE_ARCHS}}
+    savings = stop_savings(runs[runs.stage.isin(["train", "tune"])])
+    summary_path = args.repo / "reports" / "summary.json"
+    paired, every = decided(json.loads(summary_path.read_text())) if summary_path.exists() else (0, 0)
+    timing["per_decision"] = {"informative_paired": paired, "informative": every,
+                              "worker_min_per_paired": t["worker_s"] / 60 / paired if paired else None}
     write_json(args.out / "repro_timing.json", timing)
+    per_row = (f"**{t['worker_s'] / 60 / paired:.1f} worker-minutes of the training stages per informative paired "
+               f"ledger row** ({t['worker_s'] / 60:.1f} worker-minutes, {paired} informative paired rows; "
+               f"{t['worker_s'] / 60 / every:.1f} per informative row of any kind, {every} rows)"
+               if paired else "no informative paired ledger row (or no reports/summary.json in --repo)")
+    saved, spent = savings.saved_min.sum(), savings.steps_min.sum()
     lines = [
         "# Full `dvc repro`: where the wall time went", "",
         "Written by `python -m bench.repro_breakdown` from the timestamped console of one fresh-clone `make repro` "
@@ -143,6 +170,11 @@ def main(argv: list[str] | None = None) -> int:
         "## Per stage", "", table.reset_index(names="stage").to_markdown(index=False, floatfmt=".2f"), "",
         "## Per architecture (every run of the study)", "",
         per_arch.reset_index().to_markdown(index=False, floatfmt=".3f"), "",
+        "## Cost per decided question", "",
+        f"{per_row}: the machine-independent figure, up to the step time above (issue 33). Stops before the cap "
+        f"(tune and train runs; `saved_min`: the steps a stopped run did not take, at its own measured seconds "
+        f"per step) saved {saved:.1f} worker-minutes of optimizer steps against {spent:.1f} spent.", "",
+        savings.reset_index().to_markdown(index=False, floatfmt=".1f"), "",
     ]
     write_text(args.out / "repro_breakdown.md", "\n".join(lines))
     print(f"{total / 60:.1f} min total; wrote {args.out / 'repro_timing.json'} and {args.out / 'repro_breakdown.md'}")

@@ -15,10 +15,11 @@ LOG = """\
 """
 
 
-def run(tmp, arch, run_s, fit, steps, under="runs"):
+def run(tmp, arch, run_s, fit, steps, under="runs", cap=400, stop="cap"):
     folder = tmp / "data" / under / arch / "alignment/n1-t1-s0-d0"
     folder.mkdir(parents=True)
     (folder / "metrics.json").write_text(json.dumps({"arch": arch, "teacher": None, "budget": {"optimizer_steps": 400},
+                                                     "steps": cap, "stop_reason": stop,
                                                      "measured": {"run_s": run_s, "phases_s": {"fit": fit,
                                                                                                "steps": steps}}}))
 
@@ -45,6 +46,22 @@ def test_breakdown_of_a_small_repro(tmp_path):
     timing = json.loads((tmp_path / "out/repro_timing.json").read_text())
     assert timing["total"] == 60.0 and timing["training"]["steps_share_of_runs"] == 90.0 / 110.0
     assert timing["training"]["ms_per_step"] == {"resnet": 125.0, "vit": 100.0}  # 50 s and 40 s over 400 steps
+
+
+def test_cost_per_decided_question_and_what_stops_saved(tmp_path):
+    log = tmp_path / "repro.log"
+    log.write_text(LOG)
+    run(tmp_path, "vit", 50.0, 45.0, 40.0, cap=1000, stop="criterion")  # 600 steps not taken at 0.1 s each
+    run(tmp_path, "resnet", 60.0, 55.0, 50.0)  # at its cap: saved nothing
+    savings = repro_breakdown.stop_savings(repro_breakdown.run_rows(tmp_path))
+    assert savings.saved_min.to_dict() == {"cap": 0.0, "criterion": 1.0}
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports/summary.json").write_text(json.dumps({"informative": {"paired": 3, "floor": 1}}))
+    assert repro_breakdown.main(["--log", str(log), "--repo", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out/repro_breakdown.md").read_text()
+    # the train stage's 57 s of wall time on 2 workers: 1.9 worker-minutes over 3 informative paired rows
+    assert "**0.6 worker-minutes of the training stages per informative paired ledger row**" in text
+    assert "saved 1.0 worker-minutes of optimizer steps against 1.5 spent" in text
 
 
 def test_quick_profile_is_estimated_from_its_own_machine_figures():
