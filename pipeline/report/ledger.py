@@ -85,15 +85,10 @@ def check_margins(contrasts, default: float) -> None:
 
 
 def configured_cells(params) -> dict[str, set[str]]:
-    """arch -> tasks it is configured on (train.archs, distill students); tolerant of both the old
-    (``arch: section``) and the new (``arch: {models, tasks}``) layout of train.archs."""
-    t, d = params.train, params.distill
-    out: dict[str, set[str]] = {}
-    for arch, spec in dict(t.archs).items():
-        tasks = getattr(spec, "tasks", None) or (spec.get("tasks") if isinstance(spec, dict) else None)
-        out[arch] = set(tasks or getattr(t, "tasks", []))
-    for student in dict(d.students):
-        out.setdefault(student, set()).update(d.tasks)
+    """arch -> the tasks it trains on in the main grid (``train.archs``, the distilled students)."""
+    out = {arch: set(entry.tasks) for arch, entry in params.train.archs.items()}
+    for student in params.distill.students:
+        out.setdefault(student, set()).update(params.distill.tasks)
     return out
 
 

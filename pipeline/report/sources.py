@@ -1,6 +1,7 @@
 """The report's inputs, read from the files DVC tracks (never by scraping the MLflow run table).
 
-Layouts (see dvc.yaml): ``<runs|curve>/<arch>/<task>/n<size>/s<seed>/{metrics.json,predictions.npz}`` and
+Layouts (see dvc.yaml): ``runs/<arch>/<task>/n<size>-t<steps>-s<seed>-d<data_seed>[-<budget mode>]/`` with
+``{metrics.json,predictions.npz}`` (pipeline.grid.RunKey.folder) and
 ``teachers/<arch>/<task>/{metrics.json,predictions.npz}``. A missing root is an empty source (that part of
 the study was not run), so the report works with distillation or the data-size curve disabled.
 
