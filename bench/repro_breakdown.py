@@ -73,7 +73,8 @@ def run_rows(repo: Path) -> pd.DataFrame:
         measured = m.get("measured", {})
         phases = measured.get("phases_s") or {}
         folder = path.relative_to(repo / "data").parts[0]
-        rows.append({"stage": STAGE_OF.get(folder, folder), "arch": m["arch"],
+        rows.append({"stage": STAGE_OF.get(folder, folder), "arch": m["arch"], "task": m.get("task"),
+                     "mode": m.get("budget_mode"),
                      "fit_s": phases.get("fit", measured.get("wall_time_s", 0.0)), "steps_s": phases.get("steps", 0.0),
                      "run_s": measured.get("run_s", float("nan")),  # absent before the run's own timer existed
                      "optimizer_steps": m.get("budget", {}).get("optimizer_steps"),
@@ -89,6 +90,22 @@ def stop_savings(runs: pd.DataFrame) -> pd.DataFrame:
     table = runs.assign(saved_min=left * per_step / 60, steps_min=runs.steps_s / 60)
     return table.groupby("stop_reason").agg(runs=("arch", "size"), steps_min=("steps_min", "sum"),
                                              saved_min=("saved_min", "sum"))
+
+
+def cell_costs(runs: pd.DataFrame) -> dict[str, dict]:
+    """Per ``<arch>/<task>`` cell (tune, train and teacher runs together): measured ms per optimizer step, the
+    seconds of a run outside its steps (data, evaluation, validation), and the share of its cap a run used
+    (criterion and plateau stops): what ``python -m bench.estimate`` prices another profile with."""
+    r = runs.assign(other_s=runs.run_s - runs.steps_s,
+                    share=(runs.optimizer_steps / runs.cap).where(runs["mode"] == "criterion"))
+    out = {}
+    for (arch, task), g in r.groupby(["arch", "task"]):
+        share = g.share.dropna()
+        out[f"{arch}/{task}"] = {"runs": len(g), "ms_per_step": round(float(g.steps_s.sum() / g.optimizer_steps.sum()
+                                                                             * 1e3), 3),
+                                 "other_s": round(float(g.other_s.mean()), 2),
+                                 "cap_share": round(float(share.clip(upper=1).mean()), 3) if len(share) else 1.0}
+    return out
 
 
 def decided(summary: dict) -> tuple[int, int]:
@@ -136,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     t |= {"steps_share": t["steps_s"] / max(t["worker_s"], 1e-9),
           "steps_share_of_runs": float(whole.steps_s / whole.run_s)}
     t["ms_per_step"] = {a: round(float(v), 3) for a, v in per_arch.ms_per_step.dropna().items()}
+    t["cells"] = cell_costs(runs.dropna(subset=["task", "optimizer_steps", "cap"]))
     timing = {**times, "total": total, "training": t}
     if args.phases:
         from bench import overheads

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from bench import repro_breakdown
 
@@ -100,3 +101,31 @@ def test_verdict_changes_between_the_default_and_the_quick_ledger():
     assert "1 decided at the default and not here (b)" in line
     assert "1 decided both ways with another verdict (c: failed -> held)" in line
     assert "1 undecided at the default and decided here (d: failed)" in line
+
+
+def test_estimate_prices_every_run_of_a_profile():
+    from bench import estimate
+    from bench.tiny import params_with
+    from pipeline.config import Params
+    from pipeline.grid import Folders, teacher_specs, train_specs
+
+    params = Params.model_validate(params_with())  # 1 worker, 20-step runs, no tune trials
+    at = Folders(*[Path(".")] * 5)
+    n_train, n_teacher = len(train_specs(params, at)), len(teacher_specs(params, at))
+    same = {"ms_per_step": 100.0, "other_s": 1.0, "cap_share": 0.5}
+    cells = {f"{a}/{t}": same for a in ("vit", "resnet", "deit") for t in ("alignment", "relation")}
+    cells["vit/relation"] = {"ms_per_step": 300.0, "other_s": 1.0, "cap_share": 0.5}
+    cells.pop("deit/alignment")  # priced at deit's mean: deit/relation's figures
+    timing = {"training": {"worker_s": 150.0, "run_s": 100.0, "cells": cells},  # 1.5 x the runs' own time
+              "data@alignment": 4.0, "data@natural": 9.0, "report": 6.0, "train": 999.0, "total": 999.0}
+    table = estimate.estimate(params, timing, factor=2.0)
+    # each 20-step run: 20 x 0.5 x 0.1 s + 1 s expected, 20 x 0.1 + 1 capped; vit/relation's steps cost 3x
+    vit_rel = len([s for s in train_specs(params, at) if (s.key.arch, s.key.task) == ("vit", "relation")])
+    assert vit_rel == 1
+    expected = ((n_train - 1) * 2.0 + 4.0) * 2.0 * 1.5
+    assert table.loc["train", "expected_s"] == expected and table.loc["train", "runs"] == n_train
+    assert table.loc["train", "cap_s"] == ((n_train - 1) * 3.0 + 7.0) * 2.0 * 1.5
+    assert table.loc["teacher", "expected_s"] == n_teacher * 2.0 * 2.0 * 1.5
+    # other stages: the study's seconds x the factor, only for tasks the profile has (tiny: no natural)
+    assert table.loc["data@alignment", "expected_s"] == 8.0 and table.loc["report", "expected_s"] == 12.0
+    assert "data@natural" not in table.index and "tune" not in table.index

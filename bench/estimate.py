@@ -1,0 +1,102 @@
+"""What a profile's ``dvc repro`` should take on this machine, before anything runs.
+
+    python -m bench.estimate [--params params-quick.yaml] [--timing reports/repro_timing.json] [--vit-ms 10.9]
+
+Prices every run the profile's grid lists (tune trials, teachers, train runs: ``pipeline.grid``) with the
+committed study's measured figures per ``<arch>/<task>`` cell (``repro_timing.json``'s ``training.cells``, written
+by ``bench.repro_breakdown``): ms per optimizer step, seconds outside the steps, and the share of its cap a run
+used under the criterion. A cell the study lacks takes its architecture's mean, then the study's. Everything is
+scaled by this machine's ViT step time over the study machine's (``--vit-ms``, else measured here: 300 steps of
+``bench phases``). Training stages: the runs' worker-seconds over the workers, times the study's own ratio of
+training worker time to run time (process start, the pool, idle workers at the end); the other stages: the
+study's times, scaled. Prints one row per stage, the expected total and an upper bound with every run at its cap.
+It is an estimate from another profile's runs: a profile whose cells learn faster or slower than the study's
+moves it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from pipeline.config import load_params
+from pipeline.grid import Folders, teacher_specs, train_specs, tune_specs
+
+MEASURE_STEPS = 300
+
+
+def cell_figures(cells: dict[str, dict], arch: str, task: str) -> dict:
+    """The study's figures for (arch, task), else its arch's mean over tasks, else the mean over every cell."""
+    if f"{arch}/{task}" in cells:
+        return cells[f"{arch}/{task}"]
+    same = [v for k, v in cells.items() if k.split("/")[0] == arch] or list(cells.values())
+    return {k: sum(v[k] for v in same) / len(same) for k in ("ms_per_step", "other_s", "cap_share")}
+
+
+def run_table(params, cells: dict[str, dict]) -> pd.DataFrame:
+    """One row per run of the profile with its expected and capped seconds on the study's machine."""
+    at = Folders(*[Path(".")] * 5)
+    rows = []
+    for stage, specs in (("tune", tune_specs(params, at)), ("teacher", teacher_specs(params, at)),
+                         ("train", train_specs(params, at))):
+        for s in specs:
+            f = cell_figures(cells, s.key.arch, s.key.task)
+            share = f["cap_share"] if s.key.budget_mode == "criterion" else 1.0
+            step_s = f["ms_per_step"] / 1e3
+            rows.append({"stage": stage, "arch": s.key.arch, "task": s.key.task,
+                         "expected_s": s.key.steps * share * step_s + f["other_s"],
+                         "cap_s": s.key.steps * step_s + f["other_s"]})
+    return pd.DataFrame(rows)
+
+
+def estimate(params, timing: dict, factor: float) -> pd.DataFrame:
+    """Per stage: runs, expected and capped wall seconds on a machine ``factor`` times the study's step time."""
+    t = timing["training"]
+    workers = params.train.runtime.workers
+    overhead = t["worker_s"] / t["run_s"]  # the study's training worker time per second inside its runs
+    runs = run_table(params, t["cells"])
+    table = runs.groupby("stage").agg(runs=("arch", "size"), expected_s=("expected_s", "sum"),
+                                      cap_s=("cap_s", "sum"))
+    table[["expected_s", "cap_s"]] *= factor * overhead / workers
+    names = set(params.tasks.names)
+    fixed = {stage: s * factor for stage, s in timing.items() if isinstance(s, int | float)
+             and stage not in ("total", "tune", "train", "teacher")
+             and ("@" not in stage or stage.split("@")[1] in names)}
+    other = pd.DataFrame({"runs": 0, "expected_s": pd.Series(fixed), "cap_s": pd.Series(fixed)})
+    return pd.concat([other, table])
+
+
+def this_machine_vit_ms() -> float:
+    from bench import overheads
+
+    return overheads.breakdown("vit", MEASURE_STEPS, repeat=1)["phases"]["fit/steps"] / MEASURE_STEPS * 1e3
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--params", type=Path, default=Path("params.yaml"))
+    ap.add_argument("--timing", type=Path, default=Path("reports/repro_timing.json"))
+    ap.add_argument("--vit-ms", type=float, help="this machine's ms per ViT step (default: measured now)")
+    args = ap.parse_args(argv)
+    timing = json.loads(args.timing.read_text())
+    if "cells" not in timing.get("training", {}) or "machine_steps_s" not in timing:
+        raise SystemExit(f"error: {args.timing}: no training.cells or machine_steps_s; rerun "
+                         "`python -m bench.repro_breakdown --phases` on a full repro")
+    ref = timing["machine_steps_s"]
+    study_ms = ref["s"]["vit"] / ref["steps"] * 1e3
+    here_ms = args.vit_ms or this_machine_vit_ms()
+    table = estimate(load_params(args.params), timing, here_ms / study_ms)
+    total, cap = round(table.expected_s.sum() / 60), round(table.cap_s.sum() / 60)
+    print(f"{args.params}: expected dvc repro {total} min ({total // 60}:{total % 60:02d}), at most {cap} min with "
+          f"every run at its cap; this machine's ViT step {here_ms:.2f} ms, the study's {study_ms:.2f} ms "
+          f"({args.timing})")
+    print((table[["runs", "expected_s", "cap_s"]] / [1, 60, 60]).rename(
+        columns={"expected_s": "expected_min", "cap_s": "cap_min"}).to_markdown(floatfmt=".1f"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
