@@ -105,3 +105,44 @@ def test_quick_profile_is_the_default_with_fewer_cells():
         assert {**spec, "tasks": None} == {**base_archs[arch], "tasks": None}, arch
         assert spec["tasks"] and set(spec["tasks"]) <= set(base_archs[arch]["tasks"]), arch
     assert _runs("params-quick.yaml") < _runs("params.yaml")
+
+
+def test_large_profile_gives_every_underpowered_row_its_seeds(capsys):
+    """params-large.yaml trains, for every underpowered row of the committed ledger within ``report.max_seeds``,
+    the seeds its power calculation asks for, on every arm (bench/seed_plan.py; `--write` updates the profile)."""
+    from bench import seed_plan
+
+    ledger, large = ROOT / "reports/tables/ledger.csv", ROOT / "params-large.yaml"
+    assert seed_plan.main(["--ledger", str(ledger), "--params", str(large), "--check"]) == 0, capsys.readouterr().out
+
+
+def test_seed_plan_counts_each_arm_and_writes_what_is_missing(tmp_path):
+    import pandas as pd
+
+    from bench import seed_plan
+    from pipeline.config import load_params
+
+    ledger = pd.DataFrame([  # a paired row short of seeds, a floor row, one out of reach, one decided
+        {"id": "natural.antialias.natural", "kind": "paired", "task": "natural", "a": "resnet_aa", "b": "resnet",
+         "verdict": "underpowered", "seeds_needed": 12, "needs_seeds": "12"},
+        {"id": "floor.nomix.natural", "kind": "floor", "task": "natural", "a": "nomix", "b": "floor",
+         "verdict": "underpowered", "seeds_needed": 7, "needs_seeds": "7"},
+        {"id": "arrangement.sincos.arrangement", "kind": "paired", "task": "arrangement", "a": "vit_sincos",
+         "b": "vit", "verdict": "underpowered", "seeds_needed": None, "needs_seeds": ">200"},
+        {"id": "alignment.stride.alignment", "kind": "paired", "task": "alignment", "a": "resnet_s1", "b": "resnet",
+         "verdict": "held", "seeds_needed": None, "needs_seeds": None}])
+    (tmp_path / "ledger.csv").write_text(ledger.to_csv(index=False))
+    profile = tmp_path / "params.yaml"
+    profile.write_text((ROOT / "params.yaml").read_text())  # 5 seeds per main cell
+    table = seed_plan.plan(ledger, load_params(profile)).set_index("id")
+    assert table.loc["natural.antialias.natural", ["needed", "given", "missing"]].tolist() == [12, 5, 7]
+    assert table.loc["floor.nomix.natural", "missing"] == 2 and pd.isna(table.loc["arrangement.sincos.arrangement",
+                                                                                    "missing"])
+    args = ["--ledger", str(tmp_path / "ledger.csv"), "--params", str(profile)]
+    assert seed_plan.main([*args, "--check"]) == 1
+    assert seed_plan.main([*args, "--write"]) == 0 and seed_plan.main([*args, "--check"]) == 0
+    grids = load_params(profile).train.grids
+    assert {g for g in grids if g.startswith("power_")} == {"power_resnet_aa_natural", "power_resnet_natural",
+                                                            "power_nomix_natural"}
+    assert grids["power_resnet_natural"].seeds == list(range(12))
+    assert main([str(profile), "--check"]) == 0  # still in the form DVC writes

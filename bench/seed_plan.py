@@ -1,0 +1,121 @@
+"""Seeds where the power calculation asks for them: does a profile give every underpowered ledger row its seeds?
+
+    python -m bench.seed_plan [--ledger reports/tables/ledger.csv] [--params params-large.yaml] [--check]
+
+Reads the committed study's ledger (``seeds_needed``: the report's power calculation at the row's Holm-adjusted
+alpha, pipeline/report/ledger.py) and counts the seeds the profile trains for each underpowered row's arms: the
+main-budget seeds of both arms of a paired row, of the one arm of a floor row, and of the arch under both budgets
+of a budget row (``budget.<arch>.<task>.<mode><steps>``). Prints the ``train.grids`` entries that would supply
+what is missing (YAML); ``--write`` replaces the profile's ``power_*`` grids with them through DVC's own ``-S``
+writer (comments kept); ``--check`` exits 1 when anything is missing. Rows whose need
+exceeds ``report.max_seeds`` (">200") are listed as out of reach: no profile decides an effect that small.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from pipeline.config import load_params
+from pipeline.grid import student_keys, train_keys
+
+PREFIX = "power_"  # the grids this script writes (and rewrites)
+BUDGET_ID = re.compile(r"^budget\.(?P<arch>[^.]+)\.(?P<task>[^.]+)\.(?P<mode>[a-z]+)(?P<steps>\d+)$")
+
+
+def seeds_of(params, arch: str, task: str, steps: int | None = None, mode: str | None = None) -> set[int]:
+    """The seeds ``params`` trains ``arch`` on ``task`` with at the main size and draw, at ``steps``/``mode``
+    (default: the main budget)."""
+    t, r = params.train, params.train.recipe
+    steps, mode = steps or r.steps, mode or r.budget_mode
+    keys = train_keys(params, arch) if arch in t.archs else (
+        student_keys(params, arch) if arch in params.distill.students else [])
+    return {k.seed for k in keys if (k.task, k.train_size, k.steps, k.budget_mode, k.data_seed)
+            == (task, t.size, steps, mode, 0)}
+
+
+def arms(row: pd.Series) -> list[tuple[str, int | None, str | None]]:
+    """(arch, steps, mode) of each arm the row's seeds are counted on (None: the main budget)."""
+    if m := BUDGET_ID.match(row["id"]):
+        return [(m["arch"], int(m["steps"]), m["mode"]), (m["arch"], None, None)]
+    return [(row["a"], None, None)] + ([(row["b"], None, None)] if row["kind"] == "paired" else [])
+
+
+def plan(ledger: pd.DataFrame, params) -> pd.DataFrame:
+    """Per underpowered row: the seeds it needs, the seeds the profile gives its arms (the fewest), missing."""
+    rows = []
+    for _, row in ledger[ledger.verdict == "underpowered"].iterrows():
+        given = min(len(seeds_of(params, arch, row["task"], steps, mode)) for arch, steps, mode in arms(row))
+        needed = None if pd.isna(row["seeds_needed"]) else int(row["seeds_needed"])
+        rows.append({"id": row["id"], "needs": row["needs_seeds"], "needed": needed, "given": given,
+                     "missing": max(0, needed - given) if needed is not None else None})
+    return pd.DataFrame(rows, columns=["id", "needs", "needed", "given", "missing"])
+
+
+def grids(ledger: pd.DataFrame, table: pd.DataFrame, params) -> dict[str, dict]:
+    """``train.grids`` entries that give each row still short of seeds its ``needed`` seeds on every arm."""
+    out = {}
+    short = table[table.missing.fillna(0) > 0]
+    for _, p in short.iterrows():
+        row = ledger.set_index("id").loc[p["id"]]
+        for arch, steps, mode in arms(pd.Series({**row.to_dict(), "id": p["id"]})):
+            if len(seeds_of(params, arch, row["task"], steps, mode)) >= p["needed"]:
+                continue  # this arm has its seeds already
+            name = f"{PREFIX}{arch}_{row['task']}" + (f"_{mode}{steps}" if steps else "")
+            grid = {"archs": [arch], "tasks": [row["task"]], "seeds": list(range(int(p["needed"])))}
+            if steps:
+                grid |= {"steps": [steps], "budget_mode": mode}
+            if name not in out or len(out[name]["seeds"]) < len(grid["seeds"]):
+                out[name] = grid
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ledger", type=Path, default=Path("reports/tables/ledger.csv"))
+    ap.add_argument("--params", type=Path, default=Path("params-large.yaml"))
+    ap.add_argument("--check", action="store_true", help="exit 1 when a row within reach lacks seeds")
+    ap.add_argument("--write", action="store_true",
+                    help="add the missing grids to --params with DVC's own -S writer (comments kept)")
+    args = ap.parse_args(argv)
+    ledger = pd.read_csv(args.ledger)
+    if args.write:  # a fresh plan: the grids an earlier ledger asked for go first
+        from dvc.utils.hydra import apply_overrides
+
+        stale = [g for g in load_params(args.params).train.grids if g.startswith(PREFIX)]
+        if stale:
+            apply_overrides(args.params, [f"~train.grids.{g}" for g in stale])
+    params = load_params(args.params)
+    table = plan(ledger, params)
+    print(table.to_markdown(index=False) if len(table) else "no underpowered row")
+    needed = grids(ledger, table, params)
+    if needed:
+        print(f"\n# train.grids entries {args.params} lacks:")
+        print(yaml.safe_dump(needed, sort_keys=False, default_flow_style=None))
+        if args.write:
+            write(args.params, needed)
+            print(f"added {len(needed)} grids to {args.params}")
+            return 0
+    return 1 if args.check and needed else 0
+
+
+def write(path: Path, new: dict[str, dict]) -> None:
+    """Add ``train.grids.<name>`` entries as ``dvc exp run -S +train.grids.<name>={...}`` would."""
+    from dvc.utils.hydra import apply_overrides
+
+    def value(v) -> str:
+        return "[" + ",".join(map(str, v)) + "]" if isinstance(v, list) else str(v)
+
+    overrides = ["+train.grids." + name + "={" + ",".join(f"{k}:{value(v)}" for k, v in grid.items()) + "}"
+                 for name, grid in new.items()]
+    apply_overrides(path, overrides)
+    load_params(path)  # still a valid profile
+
+
+if __name__ == "__main__":
+    sys.exit(main())
