@@ -26,7 +26,7 @@ import numpy as np
 
 from pipeline import budget, tracking
 from pipeline.config import Params
-from pipeline.errors import StageError
+from pipeline.errors import ConfigError, StageError
 from pipeline.executor import RunFailed, map_runs
 from pipeline.grid import RunSpec, at_main_budget
 from pipeline.io import write_json, write_with
@@ -39,6 +39,7 @@ from pipeline.provenance import (
     params_sha256,
     pool_sha256,
     read_teacher,
+    run_archs,
     run_params,
 )
 
@@ -136,8 +137,15 @@ def check_inputs(specs: list[RunSpec], params: Params) -> None:
     A refusal is then one line and changes nothing: data, slices, training subsets, and each teacher
     (readable, its sha256 as recorded, trained on these images).
     """
+    from pipeline.families import family
+
     splits, teachers = {}, set()
     for spec in specs:
+        if (spec.key.task in params.evaluation.resolution.tasks and at_main_budget(spec, params)
+                and family(spec.model).resize is None):
+            raise ConfigError(f"evaluation.resolution.tasks: lists {spec.key.task}, where {spec.model} trains, but "
+                              f"the {family(spec.model).name} family has a fixed token grid (no mapping to another "
+                              f"size): drop {spec.key.task} from train.archs.{spec.key.arch}.tasks or from the sweep")
         where = (spec.data_dir, spec.slices_dir)
         if where not in splits:
             splits[where] = load_split(spec)
@@ -161,8 +169,9 @@ def identity(spec: RunSpec, params: Params) -> str:
     """
     teacher = read_teacher(spec.teacher_dir, spec.key.task)[0]["checkpoint_sha256"] if spec.teacher_dir else None
     data = hashlib.sha256((spec.slices_dir / "manifest.json").read_bytes()).hexdigest()
+    code = code_sha256(run_archs(params, spec))
     blob = json.dumps({"key": spec.key.__dict__, "kind": spec.kind, "model": spec.model, "teacher": teacher,
-                       "data": data, "params": run_params(params, spec), "code": code_sha256()}, sort_keys=True)
+                       "data": data, "params": run_params(params, spec), "code": code}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -209,7 +218,8 @@ def run_tags(spec: RunSpec, ident: str, params: Params) -> dict[str, str]:
     k = spec.key
     tags = {"task": k.task, "arch": k.arch, "model": spec.model, "seed": k.seed, "data_seed": k.data_seed,
             "train_size": k.train_size, "steps": k.steps, "budget_mode": k.budget_mode, "identity": ident,
-            "params_sha256": params_sha256(run_params(params, spec)), "code_sha256": code_sha256()}
+            "params_sha256": params_sha256(run_params(params, spec)),
+            "code_sha256": code_sha256(run_archs(params, spec))}
     if spec.teacher_dir is not None:
         record = read_teacher(spec.teacher_dir, k.task)[0]
         tags.update({f"teacher.{x}": record.get(x) for x in
@@ -317,7 +327,7 @@ def fit(job: Job) -> dict:
     measured.update(evaluate_s=time.perf_counter() - t_eval, run_s=time.perf_counter() - t_run)
     return {"evaluation": evaluation,
             "val_acc": float(val) if val is not None else None, "curve": curves.rows, "series": curves.series,
-            "budget": budget.count_budget(model, params, done, record), "measured": measured,
+            "budget": budget.count_budget(spec.model, model, params, done, record), "measured": measured,
             "steps_done": done, "criterion_step": stop.reached_step if stop else None,
             "stop_reason": stop.stop_reason if stop else "cap",
             "provenance": {**data_provenance(manifest, train_idx), "teacher": record},
@@ -383,7 +393,7 @@ def compose(job: Job, result: dict, run_id: str) -> dict:
         "shift_consistency": ev["shift_consistency"], "slices": ev["slices"], "curve": result["curve"],
         "budget": result["budget"], "measured": result["measured"], "identity": job.identity,
         "mlflow_run_id": run_id,
-        "provenance": {**result["provenance"], "code_sha256": code_sha256(),
+        "provenance": {**result["provenance"], "code_sha256": code_sha256(run_archs(job.params, spec)),
                        "params_sha256": params_sha256(run_params(job.params, spec))},
         **ev["sets"],
         **{k: ev[k] for k in ("subgroups", "resolution") if k in ev},

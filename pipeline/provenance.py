@@ -22,17 +22,40 @@ from pipeline.io import sha256_bytes, sha256_file
 
 WEIGHTS = "weights.pt"  # every run's final state_dict; a teacher's is what its students load
 PROVENANCE = "provenance.json"
-# The modules whose code decides what a run computes: part of every run's identity, and the train stages'
-# DVC deps (dvc.yaml lists the same files).
-CODE = ("learner", "predict", "experiment", "grid", "archs", "models", "budget", "provenance", "subgroups",
-        "resolution")
+# The shared modules whose code decides what every run computes (the train stages' DVC deps list them, and
+# pipeline/families). A run's identity adds only its own family's module and its own rows of the table.
+CODE = ("learner", "predict", "experiment", "grid", "models", "budget", "provenance", "subgroups", "resolution",
+        "families/__init__", "families/common")
 
 
-def code_sha256() -> str:
-    h = hashlib.sha256()
-    for name in CODE:
-        h.update((Path(__file__).parent / f"{name}.py").read_bytes())
-    return h.hexdigest()
+def code_parts(archs) -> dict[str, str]:
+    """What the code identity of a run building ``archs`` hashes: the shared modules, each family module of
+    ``archs``, and each one's table row (with the row whose width it reuses)."""
+    from pipeline.families import source
+
+    root = Path(__file__).parent
+    parts = {f"{name}.py": (root / f"{name}.py").read_text() for name in CODE}
+    for arch in archs:
+        path = source(arch)
+        parts[path.relative_to(root).as_posix()] = path.read_text()
+        for name in dict.fromkeys([arch, ARCHS[arch].width_of or arch]):
+            parts[f"archs:{name}"] = repr(ARCHS[name])
+    return parts
+
+
+def code_sha256(archs) -> str:
+    """The code identity of a run that builds ``archs`` (its model; in ``flops`` mode also the reference arch):
+    adding an architecture or editing one family's module changes no other family's runs."""
+    parts = code_parts(archs)
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def run_archs(params, spec) -> list[str]:
+    """The architectures a run builds or whose cost decides its steps (``flops`` mode: the reference too)."""
+    archs = [spec.model]
+    if spec.key.budget_mode == "flops":
+        archs.append(params.train.recipe.flops_reference_arch)
+    return archs
 
 
 # Where runs execute, not what they compute: results through the Dask pool equal the in-process ones

@@ -1,9 +1,10 @@
 """Evaluate a trained model at another image size, same patch size: the position contract in one place.
 
 Changing the image size at a fixed patch size changes the token grid, so every position signal must be
-mapped to the new grid. :data:`POSITION_CONTRACT` states, per position kind, how; the kind is read
-off the module itself (:func:`position_kind`), so new variants (a sin-cos-initialised learned embedding, a conv
-stem, a model without token mixing) fall into the kind their position signal belongs to. The report
+mapped to the new grid. :data:`POSITION_CONTRACT` states, per position kind, how; each family's adapter
+(:mod:`pipeline.families`) reads the kind off the module itself and does the mapping, so new variants (a
+sin-cos-initialised learned embedding, a conv stem, a model without token mixing) fall into the kind their
+position signal belongs to. The report
 prints the table beside the results; the interface stage checks it (exact at the training size, right
 shapes at the others).
 
@@ -16,18 +17,15 @@ repetition where it is a multiple.
 from __future__ import annotations
 
 import copy
-import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
-from timm.layers import build_sincos2d_pos_embed, resample_abs_pos_embed
-from timm.models.swin_transformer import SwinTransformer
-from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from pipeline.config import Params
 from pipeline.errors import ConfigError, StageError
+from pipeline.families import family_of_model
 
 POSITION_CONTRACT: dict[str, str] = {
     "learned": "learned absolute embedding (nn.Parameter): timm resample_abs_pos_embed over the patch grid with "
@@ -42,103 +40,37 @@ POSITION_CONTRACT: dict[str, str] = {
             "of the grid's size whose table is cropped to the offsets that exist (never resampled); a grid w "
             "does not tile is zero-padded to whole windows by timm (the padding tokens are attended to)",
     "conv": "convolutional, no position parameters: nothing to map (global average pool after the last stage)",
+    "grid": "token mixing weights tied to the N positions of the training grid (MLP-Mixer): no mapping to "
+            "another grid exists, so the family is evaluated at its training size only",
 }
 
 
 def position_kind(model: nn.Module) -> str:
-    """The position kind of ``model`` (its :data:`POSITION_CONTRACT` row), read from its modules (not its name)."""
-    if isinstance(model, SwinTransformer):
-        return "swin"
-    if isinstance(model, VisionTransformer):
-        pe = model.pos_embed
-        if pe is None:
-            return "none"
-        return "learned" if isinstance(pe, nn.Parameter) else "sincos"
-    if any(hasattr(m, "pos_embed") or hasattr(m, "relative_position_bias_table") for m in model.modules()):
-        raise StageError(f"{type(model).__name__}: a position signal this contract does not cover")
-    return "conv"
+    """The position kind of ``model`` (its :data:`POSITION_CONTRACT` row), read by its family off the module."""
+    kind = family_of_model(model).position(model)
+    if kind not in POSITION_CONTRACT:
+        raise StageError(f"{type(model).__name__}: position kind {kind!r} is not in the resolution contract")
+    return kind
 
 
 def patch_step(model: nn.Module) -> int:
-    """Image sizes must be multiples of this: the patch, times 2 per Swin patch merging (none for convs)."""
-    fam = position_kind(model)
-    if fam == "conv":
-        return 1
-    p = int(model.patch_embed.patch_size[0])
-    return p * 2 ** (len(model.layers) - 1) if fam == "swin" else p
+    """Image sizes must be multiples of this (the patch; times 2 per Swin patch merging; 1 for a stride-1 CNN)."""
+    return family_of_model(model).size_step(model)
 
 
 def at_resolution(model: nn.Module, arch: str, params: Params, size: int) -> nn.Module:
     """A copy of ``model`` mapped to ``size`` x ``size`` images at the same patch size (``model`` untouched)."""
+    fam = family_of_model(model)
+    if fam.resize is None and size != params.geometry.image_size:
+        raise ConfigError(f"evaluation.resolution.tasks: {arch} has a fixed token grid ({fam.name} family: "
+                          f"{POSITION_CONTRACT[position_kind(model)]}); it cannot be evaluated at {size} px")
     step = patch_step(model)
     if size % step:
         raise ConfigError(f"evaluation.resolution.sizes: {size} px is not a multiple of {step} for {arch}")
     out = copy.deepcopy(model)
-    fam = position_kind(out)
-    if fam == "swin":
-        _swin_at(out, size)
-    elif fam != "conv":
-        _vit_at(out, size, params.evaluation.resolution.interpolation, arch)
+    if fam.resize is not None:
+        fam.resize(out, size, params, arch)
     return out
-
-
-def _vit_at(model: VisionTransformer, size: int, interpolation: str, arch: str) -> None:
-    old = tuple(model.patch_embed.grid_size)
-    if not hasattr(model.patch_embed, "set_input_size"):
-        raise StageError(f"{arch}: {type(model.patch_embed).__name__} cannot change its input size")
-    model.patch_embed.set_input_size(img_size=(size, size))
-    new = tuple(model.patch_embed.grid_size)
-    pe = model.pos_embed
-    prefix = 0 if model.no_embed_class else model.num_prefix_tokens
-    if position_kind(model) == "learned":
-        table = resample_abs_pos_embed(pe.data, new_size=list(new), old_size=list(old), num_prefix_tokens=prefix,
-                                       interpolation=interpolation, antialias=True)
-        model.pos_embed = nn.Parameter(table, requires_grad=pe.requires_grad)
-    elif position_kind(model) == "sincos":
-        dim = pe.shape[-1]
-        trained = build_sincos2d_pos_embed(list(old), dim=dim).to(pe)
-        if prefix or pe.shape[1:] != trained.shape or not torch.equal(pe[0], trained):
-            raise StageError(f"{arch}: its fixed position table is not timm's 2D sin-cos at the grid {old}")
-        model.pos_embed = build_sincos2d_pos_embed(list(new), dim=dim).to(pe).unsqueeze(0)
-
-
-def _swin_at(model: SwinTransformer, size: int) -> None:
-    """timm's ``set_input_size`` with each stage's trained window, then crop (not interpolate) shrunk tables."""
-    trained = {n: (b.attn.window_size, b.attn.relative_position_bias_table.detach().clone())
-               for n, b in _swin_blocks(model)}
-    windows = tuple(tuple(stage.blocks[0].attn.window_size) for stage in model.layers)  # as built (trained)
-    with warnings.catch_warnings():  # timm interpolates a shrunk window's table first (replaced below)
-        warnings.simplefilter("ignore", UserWarning)
-        model.set_input_size(img_size=(size, size), window_size=windows)
-    for name, block in _swin_blocks(model):
-        (wh, ww), table = trained[name]
-        h, w = block.attn.window_size
-        if (h, w) != (wh, ww):  # the grid is smaller than the window: keep the offsets that exist
-            grid = table.view(2 * wh - 1, 2 * ww - 1, -1)[wh - h:wh + h - 1, ww - w:ww + w - 1]
-            block.attn.relative_position_bias_table = nn.Parameter(grid.reshape(-1, table.shape[-1]).clone())
-
-
-def _swin_blocks(model: SwinTransformer):
-    return [(f"{i}.{j}", b) for i, stage in enumerate(model.layers) for j, b in enumerate(stage.blocks)]
-
-
-def bias_defect(trained: SwinTransformer, mapped: SwinTransformer) -> float:
-    """Largest |bias difference| over every (block, head, relative offset) the mapped windows use.
-
-    Zero means each relative offset keeps exactly its trained bias (the window-fixed contract).
-    """
-    worst = 0.0
-    for (_, a), (_, b) in zip(_swin_blocks(trained), _swin_blocks(mapped), strict=True):
-        old, new = _offset_bias(a), _offset_bias(b)
-        worst = max([worst, *((new[k] - old[k]).abs().max().item() for k in new)])
-    return worst
-
-
-def _offset_bias(block: nn.Module) -> dict[tuple[int, int], torch.Tensor]:
-    """Bias per relative offset (dy, dx) of one Swin block, (heads,) each, read from the bias it applies."""
-    h, w = block.attn.window_size
-    bias = block.attn._get_rel_pos_bias()[0]  # (heads, h*w, h*w)
-    return {(q // w - k // w, q % w - k % w): bias[:, q, k] for q in range(h * w) for k in range(h * w)}
 
 
 # --------------------------------------------------------------------------- evaluation

@@ -52,14 +52,15 @@ def test_analytic_follows_a_different_geometry():
                             "resnet": {"layers": [1, 1, 1, 1]}}),
     })
     for arch in ARCHS:
-        if arch == "vit_convstem":  # its stride-2 stem needs a power-of-2 patch: checked below
+        if arch in ("vit_convstem", "vit_hybrid"):  # their stride-2 stems need a power-of-2 patch: below
             continue
         model = build_model(arch, params, 7, width=8)
         assert analytic_forward_flops(arch, params, 8, 7) == measured_forward_flops(model, params), arch
     # 32 px, 8-px patches: a three-convolution stem (32 -> 16 -> 8 -> 4).
     params = params.model_copy(update={"geometry": Geometry(image_size=32, patch_size=8, channels=3)})
-    model = build_model("vit_convstem", params, 7, width=8)
-    assert analytic_forward_flops("vit_convstem", params, 8, 7) == measured_forward_flops(model, params)
+    for arch in ("vit_convstem", "vit_hybrid"):
+        model = build_model(arch, params, 7, width=8)
+        assert analytic_forward_flops(arch, params, 8, 7) == measured_forward_flops(model, params), arch
 
 
 def test_default_attention_backend_hides_vit_attention_from_the_counter():
@@ -129,7 +130,7 @@ def test_budget_stage_writes_tables_and_rejects_bad_params(tmp_path, capsys):
 def _expected_tokens(arch: str, params) -> int:
     """What the first layer of each family sees, from the geometry alone (not from the built module)."""
     g, family = params.geometry, ARCHS[arch].family
-    patch = {"vit": g.patch_size, "deit": g.patch_size, "nomix": g.patch_size,
+    patch = {"vit": g.patch_size, "mixer": g.patch_size, "convmixer": g.patch_size,
              "swin": params.models.swin.patch_size, "resnet": 1}[family]
     return (g.image_size // patch) ** 2
 

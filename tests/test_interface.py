@@ -230,22 +230,34 @@ def test_position_contract_exact_at_training_size_and_shapes_elsewhere():
     params = parse_params(TINY)
     res = position_study(params, _built(params))
     table = res.tables["position_contract"].set_index("arch")
-    assert table.family.to_dict() == {
+    assert table.kind.to_dict() == {
         "vit": "learned", "vit_nopos": "none", "vit_sincos": "sincos", "vit_sincos_init": "learned",
         "vit_convstem": "learned", "vit_overlap": "learned", "deit": "learned", "deit_labels": "learned",
         "swin": "swin", "swin_noshift": "swin", "swin_local": "swin",
-        "resnet": "conv", "resnet_s1": "conv", "resnet_aa": "conv", "nomix": "none"}
+        "resnet": "conv", "resnet_s1": "conv", "resnet_aa": "conv", "nomix": "none",
+        "vit_hybrid": "learned", "mixer": "grid", "convmixer": "conv"}
     assert set(table.contract) <= set(POSITION_CONTRACT.values())
     failed = [c for c in res.checks if not c.held]
     assert not failed, failed
     names = [c.name for c in res.checks]
     assert sum("training size" in n for n in names) == len(table)  # one exact-equality check per architecture
-    assert sum("at 20 px: logits per image" in n for n in names) == len(table)
+    assert sum("at 20 px: logits per image" in n for n in names) == len(table) - (table.kind == "grid").sum()
     assert any("swin at 12 px: every offset keeps its trained bias" in n for n in names)
 
 
+def test_a_fixed_grid_family_is_refused_at_another_size_naming_the_key():
+    from pipeline.resolution import at_resolution
+
+    params = parse_params(TINY)
+    mixer = _built(params)["mixer"]
+    assert at_resolution(mixer, "mixer", params, params.geometry.image_size) is not mixer  # its own size: a copy
+    with pytest.raises(ConfigError, match=r"^evaluation\.resolution\.tasks: mixer has a fixed token grid"):
+        at_resolution(mixer, "mixer", params, 20)
+
+
 def test_swin_window_fixed_crops_and_timm_interpolation_would_not_hold():
-    from pipeline.resolution import at_resolution, bias_defect
+    from pipeline.families.swin import bias_defect
+    from pipeline.resolution import at_resolution
 
     params = parse_params(TINY)
     torch.manual_seed(0)

@@ -17,13 +17,13 @@ from timm.models.deit import VisionTransformerDistilled
 from pipeline.archs import ARCHS
 from pipeline.config import parse_params
 from pipeline.errors import ConfigError
+from pipeline.families.swin import block_layout as swin_block_layout
 from pipeline.interface.reachability import generic_weights, token_dependency
 from pipeline.models import (
     budget_table,
     build_model,
     param_count,
     solve_width,
-    swin_block_layout,
     width_step,
 )
 
@@ -158,10 +158,48 @@ def _check_deit_labels(model):
     assert {k: v.shape for k, v in model.state_dict().items()} == {k: v.shape for k, v in deit.state_dict().items()}
 
 
+def _check_hybrid(model):
+    # the ViT's token grid and width, fed by residual BasicBlocks through timm's HybridEmbed (1x1 patches)
+    from timm.layers import HybridEmbed
+    from timm.models.resnet import BasicBlock
+
+    vit = build_model("vit", TINY, CLASSES)
+    assert isinstance(model.patch_embed, HybridEmbed) and model.patch_embed.patch_size == (1, 1)
+    assert model.patch_embed.num_patches == vit.patch_embed.num_patches and model.embed_dim == vit.embed_dim
+    assert any(isinstance(m, BasicBlock) for m in model.patch_embed.backbone.modules())
+    assert not any(isinstance(m, BasicBlock) for m in build_model("vit_convstem", TINY, CLASSES).modules())
+
+
+def _check_mixer(model):
+    # no attention and no position table, yet token mixing is tied to positions: permuting the patches
+    # changes the pooled features (nomix and vit_nopos are invariant to it)
+    from timm.layers import Attention
+
+    assert not any(isinstance(m, Attention) for m in model.modules()) and not hasattr(model, "pos_embed")
+    assert _pixel_dependency(model, "nlc").all()  # every token reaches every pixel (global mixing)
+    x = _images(batch=3)
+    order = torch.randperm(TINY.geometry.grid**2, generator=torch.Generator().manual_seed(1))
+    moved = _pooled(model, _permute_patches(x, TINY.geometry.patch_size, order))
+    assert (moved - _pooled(model, x)).abs().max() > 1e-4
+
+
+def _check_convmixer(model):
+    # the ViT's disjoint P x P patch projection, then depthwise (one group per channel) 3x3 convolutions
+    from timm.layers import Attention
+
+    g = TINY.geometry
+    stem = model.stem[0]
+    assert stem.kernel_size == stem.stride == (g.patch_size, g.patch_size)
+    depthwise = [m for m in model.blocks.modules() if isinstance(m, torch.nn.Conv2d) and m.groups > 1]
+    assert depthwise and all(m.groups == m.in_channels and m.kernel_size == (3, 3) for m in depthwise)
+    assert not any(isinstance(m, Attention) for m in model.modules())
+
+
 DEFINING = {
     "resnet_s1": _check_resnet_s1, "resnet_aa": _check_resnet_aa, "vit_convstem": _check_same_grid_as_vit,
     "vit_overlap": _check_same_grid_as_vit, "nomix": _check_nomix, "swin_local": _check_swin_local,
-    "vit_sincos_init": _check_sincos_init, "deit_labels": _check_deit_labels,
+    "vit_sincos_init": _check_sincos_init, "deit_labels": _check_deit_labels, "vit_hybrid": _check_hybrid,
+    "mixer": _check_mixer, "convmixer": _check_convmixer,
 }
 
 

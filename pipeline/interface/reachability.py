@@ -28,29 +28,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import torch
-from timm.models.resnet import ResNet
-from timm.models.swin_transformer import SwinTransformer
-from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
-from pipeline.interface.pairs import window_connectivity
+from pipeline.families import family_of_model
+from pipeline.families.common import Layer
 
 UNREACHABLE = -1
-
-
-@dataclass(frozen=True)
-class Layer:
-    """One step of a model's token graph. Layouts: ``nchw``, ``nhwc`` or ``nlc`` (tokens ``(B, N, C)``).
-
-    ``predicted``: the connectivity the layer's definition implies (patch membership, all-to-all, the
-    window mask), ``(N_out, N_in)`` bool, or None where there is no closed form (ResNet blocks).
-    """
-
-    name: str
-    fn: Callable[[torch.Tensor], torch.Tensor]
-    layout_in: str
-    layout_out: str
-    predicted: np.ndarray | None = None
 
 
 def _tokens(t: torch.Tensor, layout: str) -> torch.Tensor:
@@ -62,82 +45,9 @@ def _tokens(t: torch.Tensor, layout: str) -> torch.Tensor:
     return t
 
 
-def _patch_membership(grid: int, patch: int, prefix: int = 0) -> np.ndarray:
-    """``(prefix + grid^2, (grid*patch)^2)``: patch token ``t`` depends on exactly the pixels of its patch."""
-    side = grid * patch
-    yy, xx = np.divmod(np.arange(side * side), side)
-    owner = (yy // patch) * grid + xx // patch
-    dep = np.zeros((prefix + grid * grid, side * side), dtype=bool)
-    dep[prefix + owner, np.arange(side * side)] = True
-    return dep
-
-
-def _merge_pattern(grid: int) -> np.ndarray:
-    """Swin patch merging on a ``grid x grid`` map: output ``(i, j)`` reads inputs ``(2i+a, 2j+b)``."""
-    out = (grid + 1) // 2
-    yy, xx = np.divmod(np.arange(grid * grid), grid)
-    dep = np.zeros((out * out, grid * grid), dtype=bool)
-    dep[(yy // 2) * out + xx // 2, np.arange(grid * grid)] = True
-    return dep
-
-
-def vit_chain(model: VisionTransformer) -> list[Layer]:
-    """Embedding then blocks of a timm ViT (also DeiT: its extra token comes from ``_pos_embed``)."""
-    pe = model.patch_embed
-    grid, patch = pe.grid_size[0], pe.patch_size[0]
-    n = model.num_prefix_tokens + pe.num_patches
-
-    def embed(x: torch.Tensor) -> torch.Tensor:  # as VisionTransformer.forward_features, before blocks
-        return model.norm_pre(model.patch_drop(model._pos_embed(pe(x))))
-
-    # Only a disjoint patchify has a predictable pixel-to-token membership (conv stems and overlapping
-    # patches spread a pixel over neighbouring tokens: no prediction, the measurement stands alone).
-    disjoint = isinstance(pe.proj, nn.Conv2d) and pe.proj.kernel_size == pe.proj.stride == (patch, patch)
-    chain = [Layer("embed", embed, "nchw", "nlc",
-                   _patch_membership(grid, patch, model.num_prefix_tokens) if disjoint else None)]
-    # A block without attention (nomix) mixes nothing across tokens.
-    chain += [Layer(f"block{i + 1}", blk, "nlc", "nlc",
-                    np.ones((n, n), dtype=bool) if hasattr(blk, "attn") else np.eye(n, dtype=bool))
-              for i, blk in enumerate(model.blocks)]
-    return chain
-
-
-def swin_chain(model: SwinTransformer) -> list[Layer]:
-    """Patch embedding then every Swin block; a stage's patch merging is folded into its first block."""
-    pe = model.patch_embed
-    chain = [Layer("embed", pe, "nchw", "nhwc", _patch_membership(pe.grid_size[0], pe.patch_size[0]))]
-    for i, stage in enumerate(model.layers):
-        for j, blk in enumerate(stage.blocks):
-            window = window_connectivity(blk)
-            if j == 0 and not isinstance(stage.downsample, nn.Identity):
-                merge = _merge_pattern(stage.input_resolution[0])
-                chain.append(Layer(f"stage{i + 1}.merge+block{j + 1}", nn.Sequential(stage.downsample, blk),
-                                   "nhwc", "nhwc", (window.astype(int) @ merge.astype(int)) > 0))
-            else:
-                chain.append(Layer(f"stage{i + 1}.block{j + 1}", blk, "nhwc", "nhwc", window))
-    return chain
-
-
-def resnet_chain(model: ResNet) -> list[Layer]:
-    """Stem then every residual block of a timm ResNet (absent stages are identities and skipped)."""
-
-    def stem(x: torch.Tensor) -> torch.Tensor:  # as ResNet.forward_features, before layer1
-        return model.maxpool(model.act1(model.bn1(model.conv1(x))))
-
-    chain = [Layer("stem", stem, "nchw", "nchw")]
-    for i in range(1, 5):
-        stage = getattr(model, f"layer{i}", None)
-        if isinstance(stage, nn.Sequential):
-            chain += [Layer(f"stage{i}.block{j + 1}", blk, "nchw", "nchw") for j, blk in enumerate(stage)]
-    return chain
-
-
-def layer_chain(model: nn.Module) -> list[Layer]:
-    """The token graph of a timm ViT/DeiT, Swin or ResNet (dispatch on the module's class)."""
-    for cls, build in ((VisionTransformer, vit_chain), (SwinTransformer, swin_chain), (ResNet, resnet_chain)):
-        if isinstance(model, cls):
-            return build(model)
-    raise TypeError(f"no layer chain for {type(model).__name__}")
+def layer_chain(model: nn.Module, image_size: int) -> list[Layer]:
+    """The token graph of ``model``, as its family (:mod:`pipeline.families`) defines it."""
+    return family_of_model(model).chain(model, image_size)
 
 
 @dataclass(frozen=True)
@@ -257,9 +167,11 @@ def reachability(model: nn.Module, image_size: int, channels: int, probes: int =
     Returns the layer chain, each layer's measured dependency, and :func:`meet_layers`.
     """
     model = generic_weights(model, seed=seed)
-    chain = layer_chain(model)
+    chain = layer_chain(model, image_size)
     gen = torch.Generator().manual_seed(seed)
     images = torch.rand(probes, channels, image_size, image_size, generator=gen, dtype=torch.float64)
+    if probes == 1:  # torch's eval-mode BatchNorm backward after a convolution on a one-image batch leaks
+        images = images.repeat(2, 1, 1, 1)  # gradient across positions (seen on ConvMixer): same image twice
     deps = measure_chain(chain, images, rel_tol, seed)
     return chain, deps, meet_layers([d.matrix for d in deps])
 

@@ -235,9 +235,9 @@ def reachability_study(params: Params, models: dict[str, torch.nn.Module]) -> Re
                         "all_pairs_meet": bool(reach.all()),
                         "layers_for_all_pairs": int(meet.max()) if reach.all() else reachability.UNREACHABLE,
                         "unreachable_pairs": int((~reach).sum())})
-        global_attention = all(hasattr(b, "attn") for b in getattr(model, "blocks", []))
-        if isinstance(model, VisionTransformer) and global_attention:  # any two pixels meet in block 1
-            res.checks.append(equal("reachability", f"{arch}: global attention, all pairs meet by layer 1", 1,
+        first = chain[1].predicted if len(chain) > 1 else None
+        if first is not None and first.all():  # block 1 mixes all tokens by definition: any two pixels meet there
+            res.checks.append(equal("reachability", f"{arch}: global token mixing, all pairs meet by layer 1", 1,
                                     int(meet.max())))
     cols = ["arch", "chebyshev", "distance_tokens", "pairs", "best", "worst", "reachable", "depth"]
     res.tables["reachability"] = pd.concat(distances, ignore_index=True)[cols]
@@ -257,6 +257,7 @@ def position_study(params: Params, models: dict[str, torch.nn.Module]) -> Result
     Swin block every relative offset's trained bias (window fixed, never interpolated).
     """
     from pipeline import resolution
+    from pipeline.families import swin
 
     res = Results()
     g, rows = params.geometry, []
@@ -264,8 +265,9 @@ def position_study(params: Params, models: dict[str, torch.nn.Module]) -> Result
     for arch, model in models.items():
         model = model.eval()
         fam = resolution.position_kind(model)
-        rows.append({"arch": arch, "family": fam, "contract": resolution.POSITION_CONTRACT[fam]})
-        for size in dict.fromkeys([g.image_size, *params.evaluation.resolution.sizes]):
+        rows.append({"arch": arch, "kind": fam, "contract": resolution.POSITION_CONTRACT[fam]})
+        sizes = [] if fam == "grid" else params.evaluation.resolution.sizes  # a fixed grid: its own size only
+        for size in dict.fromkeys([g.image_size, *sizes]):
             mapped = resolution.at_resolution(model, arch, params, size).eval()
             x = torch.rand(2, g.channels, size, size, generator=gen)
             with torch.no_grad():
@@ -279,11 +281,11 @@ def position_study(params: Params, models: dict[str, torch.nn.Module]) -> Result
             if fam in ("learned", "sincos"):
                 prefix = 0 if mapped.no_embed_class else mapped.num_prefix_tokens
                 res.checks.append(equal("position", f"{arch} at {size} px: position rows == tokens",
-                                        (size // mapped.patch_embed.patch_size[0]) ** 2 + prefix,
+                                        (size // resolution.patch_step(mapped)) ** 2 + prefix,
                                         mapped.pos_embed.shape[1]))
             if fam == "swin":
                 res.checks.append(equal("position", f"{arch} at {size} px: every offset keeps its trained bias "
-                                        "(max |diff|)", 0, resolution.bias_defect(model, mapped)))
+                                        "(max |diff|)", 0, swin.bias_defect(model, mapped)))
     res.tables["position_contract"] = pd.DataFrame(rows)
     return res
 

@@ -19,16 +19,16 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-FALLBACK_ORDER = ("vit", "vit_nopos", "vit_sincos", "vit_sincos_init", "vit_convstem", "vit_overlap", "deit",
-                  "deit_labels", "deit_vit", "swin", "swin_noshift", "swin_local", "resnet", "resnet_s1",
-                  "resnet_aa", "nomix")
+FALLBACK_ORDER = ("vit", "vit_nopos", "vit_sincos", "vit_sincos_init", "vit_convstem", "vit_overlap",
+                  "vit_hybrid", "deit", "deit_labels", "deit_vit", "swin", "swin_noshift", "swin_local", "resnet",
+                  "resnet_s1", "resnet_aa", "nomix", "mixer", "convmixer")
 CI_LABEL = "test accuracy (mean, 95% CI)"
 FONT = 9  # points; the embedded figures are viewed at 100%
 # Okabe-Ito and Paul Tol's muted/bright colours (colour-blind safe), ordered so that architectures next to each
 # other in ARCHS (a control beside its partner) get clearly different hues; yellow and sand are left out (pale).
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#882255", "#999933", "#332288",
            "#44AA99", "#AA4499", "#000000", "#CC6677", "#117733", "#777777", "#DDAA33", "#EE3377", "#6699CC")
-FAMILY_MARKER = {"vit": "o", "deit": "D", "swin": "s", "resnet": "^", "nomix": "X"}
+FAMILY_MARKER = {"vit": "o", "swin": "s", "resnet": "^", "mixer": "X", "convmixer": "P"}
 GRID_ALPHA = 0.3
 
 plt.rcParams.update({"font.size": FONT, "axes.titlesize": FONT, "axes.labelsize": FONT, "xtick.labelsize": 8,

@@ -71,7 +71,7 @@ def position_contract() -> pd.DataFrame:
         if isinstance(obj, pd.DataFrame):
             return obj
         if isinstance(obj, dict):
-            return pd.DataFrame([{"family": k, **(v if isinstance(v, dict) else {"mapping": v})}
+            return pd.DataFrame([{"kind": k, **(v if isinstance(v, dict) else {"mapping": v})}
                                  for k, v in obj.items()])
         return pd.DataFrame(list(obj))
     return pd.DataFrame()

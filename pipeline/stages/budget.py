@@ -27,8 +27,9 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args, params = parse_stage(parser(), argv)
     from pipeline import budget
+    from pipeline.families.swin import block_layout
     from pipeline.io import write_text, write_with
-    from pipeline.models import build_model, swin_block_layout
+    from pipeline.models import build_model
 
     torch.set_num_threads(1)
     # the solve time is the machine's, not the architecture's: a committed output reproduces byte for byte without it
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     layouts = pd.DataFrame([
         {"arch": arch, **block._asdict()}
         for arch in [name for name, info in ARCHS.items() if info.family == "swin"]
-        for block in swin_block_layout(build_model(arch, params, params.models.reference_classes))
+        for block in block_layout(build_model(arch, params, params.models.reference_classes))
     ])
     mismatch = table[table.forward_flops != table.forward_flops_counted]
     if len(mismatch):  # the analytic formulas are the reported numbers: they must agree with the counter
