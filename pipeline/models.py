@@ -8,17 +8,19 @@ Conventions stated once here (the report quotes them):
 
 * **Readout.** The plain ViT family (``vit*``, ``nomix``; ``mixer`` and ``convmixer`` too) has *no class token*
   and reads out the mean of the patch tokens (timm ``global_pool='avg'``). Without a position signal that
-  makes the whole network exactly invariant to permutations of the patch tokens (attention is permutation-equivariant, the mean is
-  invariant), which the arrangement-task prediction relies on. DeiT (``deit``, ``deit_labels``) keeps
-  timm's class + distillation token readout (its two heads read those tokens): ``deit_labels - vit`` is the
-  readout's effect, ``deit - deit_labels`` the teacher's.
-* **Position.** ``vit``/``deit``: learned absolute 1D embedding; ``vit_nopos`` and ``nomix``: none;
+  makes the whole network exactly invariant to permutations of the patch tokens (attention is
+  permutation-equivariant, the mean is invariant), which the arrangement-task prediction relies on. DeiT
+  (``deit``, ``deit_labels``) keeps timm's class + distillation token readout (its two heads read those
+  tokens): ``deit_labels - vit`` is the readout's effect, ``deit - deit_labels`` the teacher's.
+* **Position.** ``vit``/``deit``/``vit_hybrid``: learned absolute 1D embedding; ``vit_nopos``, ``nomix``:
+  none; ``mixer``: no table, but its token MLP's weights are tied to the grid positions;
   ``vit_sincos``: the fixed 2D sin-cos table of timm's ``build_sincos2d_pos_embed``, stored as a buffer (not
   trained, not counted); ``vit_sincos_init``: a learned embedding that starts equal to that table. Swin has
   no absolute position (timm's relative position bias inside windows).
 * **Embedding.** Disjoint P x P patches, except ``vit_overlap`` ((P+2) x (P+2) kernel, stride P) and
-  ``vit_convstem`` (log2 P overlapping 3x3 stride-2 convolutions, Xiao et al. 2021); all give the same
-  (H/P)^2 token grid and width.
+  ``vit_convstem`` (log2 P overlapping 3x3 stride-2 convolutions, Xiao et al. 2021) and ``vit_hybrid`` (a
+  3x3 stem and log2 P stride-2 ResNet BasicBlocks, then timm's ``HybridEmbed`` with 1x1 patches, the ViT
+  paper's hybrid); all give the same (H/P)^2 token grid and width. ``convmixer`` keeps the disjoint patches.
 * **Downsampling** (ResNet): stride-2 convolutions (``resnet``), none at all (``resnet_s1``: every map at
   full resolution, shift-equivariant up to the border, at several times the FLOPs), or timm's BlurPool
   before every stride 2 (``resnet_aa``, Zhang 2019).
