@@ -21,6 +21,7 @@ from conftest import mlflow_store
 from torch.utils.data import DataLoader, TensorDataset
 
 from pipeline import experiment, learner
+from pipeline.archs import ARCHS
 from pipeline.config import load_params
 from pipeline.errors import StageError
 from pipeline.executor import RunFailed
@@ -128,8 +129,11 @@ def test_every_provenance_field_matches_the_files(runs, workspace):
     expected = {
         "data_sha256": hashlib.sha256(np.load(data / "images.npy").tobytes()).hexdigest(),
         "train_slice_sha256": hashlib.sha256(train_idx.astype(np.int64).tobytes()).hexdigest(),
-        "code_sha256": hashlib.sha256(b"".join((Path(experiment.__file__).parent / f"{n}.py").read_bytes()
-                                               for n in CODE)).hexdigest(),
+        # the shared modules, the ViT family's module and the vit row, read from disk here
+        "code_sha256": hashlib.sha256(json.dumps({
+            **{f"{n}.py": (Path(experiment.__file__).parent / f"{n}.py").read_text() for n in CODE},
+            "families/vit.py": (Path(experiment.__file__).parent / "families/vit.py").read_text(),
+            "archs:vit": repr(ARCHS["vit"])}, sort_keys=True).encode()).hexdigest(),
     }
     spec = specs_for("train", [KEY], Folders(data.parent, slices.parent, Path("o"), Path("c")))[0]
     read = json.dumps(run_params(load_params(workspace / "params.yaml"), spec), sort_keys=True)

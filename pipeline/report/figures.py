@@ -27,7 +27,8 @@ FONT = 9  # points; the embedded figures are viewed at 100%
 # Okabe-Ito and Paul Tol's muted/bright colours (colour-blind safe), ordered so that architectures next to each
 # other in ARCHS (a control beside its partner) get clearly different hues; yellow and sand are left out (pale).
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#882255", "#999933", "#332288",
-           "#44AA99", "#AA4499", "#000000", "#CC6677", "#117733", "#777777", "#DDAA33", "#EE3377", "#6699CC")
+           "#44AA99", "#AA4499", "#000000", "#CC6677", "#117733", "#777777", "#DDAA33", "#EE3377", "#6699CC",
+           "#661100", "#88CCEE", "#BBBBBB")
 FAMILY_MARKER = {"vit": "o", "swin": "s", "resnet": "^", "mixer": "X", "convmixer": "P"}
 GRID_ALPHA = 0.3
 

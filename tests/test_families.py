@@ -1,0 +1,92 @@
+"""Family adapters: one place per family, refused by name when a piece is missing, and per-family run identity."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline import families
+from pipeline.archs import ARCHS, ArchInfo
+from pipeline.families import FAMILIES, family, family_of_model
+from pipeline.families.common import Family
+from pipeline.provenance import code_parts, code_sha256
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _pieces(name: str) -> dict:
+    return {f.name: getattr(FAMILIES[name], f.name) for f in dataclasses.fields(Family)}
+
+
+@pytest.mark.parametrize("piece", [f.name for f in dataclasses.fields(Family) if f.name != "name"])
+def test_a_family_missing_a_piece_is_refused_naming_it(piece):
+    pieces = _pieces("resnet")
+    del pieces[piece]
+    with pytest.raises(TypeError, match=piece):
+        Family(**pieces)
+    if piece not in ("resize", "options"):  # resize=None states a fixed grid; an empty option set is allowed
+        with pytest.raises(TypeError, match=rf"family 'resnet': {piece}"):
+            Family(**{**_pieces("resnet"), piece: None if piece != "classes" else ()})
+
+
+def test_a_row_naming_an_unknown_family_or_option_fails_the_import_check(monkeypatch):
+    row = ARCHS["resnet"]
+    monkeypatch.setitem(ARCHS, "resnet_typo", dataclasses.replace(row, options={"downsampel": "none"}))
+    with pytest.raises(ImportError, match=r"resnet_typo sets option\(s\) \['downsampel'\] that family 'resnet'"):
+        families._check_table()
+    monkeypatch.setitem(ARCHS, "resnet_typo", dataclasses.replace(row, family="resnt"))
+    with pytest.raises(ImportError, match="resnet_typo names family 'resnt', which has no adapter"):
+        families._check_table()
+
+
+def test_every_arch_finds_its_family_from_the_built_module():
+    from pipeline.config import load_params
+    from pipeline.models import build_model
+
+    params = load_params(ROOT / "params.yaml")
+    for arch, info in ARCHS.items():
+        width = 8 * family(arch).width_step(params, **info.options)
+        with torch.device("meta"):  # structure only
+            model = build_model(arch, params, 10, width=width)
+        assert family_of_model(model) is family(arch), arch
+
+
+def test_a_run_hashes_only_its_own_family_module_and_rows():
+    parts = code_parts(["vit_nopos"])
+    modules = {k for k in parts if k.startswith("families/")}
+    assert modules == {"families/__init__.py", "families/common.py", "families/vit.py"}
+    assert {k for k in parts if k.startswith("archs:")} == {"archs:vit_nopos", "archs:vit"}  # its width's row too
+    assert "archs.py" not in parts and "families/resnet.py" not in parts
+
+
+def test_adding_an_architecture_changes_no_existing_run(monkeypatch):
+    before = {arch: code_sha256([arch]) for arch in ARCHS}
+    monkeypatch.setitem(ARCHS, "resnet_wide", ArchInfo("resnet", "resnet", "a new variant", "resnet", "ResNet",
+                                                       {"downsample": "none"}))
+    families._check_table()
+    assert {arch: code_sha256([arch]) for arch in before} == before
+
+
+def test_editing_one_family_module_changes_that_familys_runs_only(tmp_path):
+    # A copy of the package with one byte added to the Swin module: the Swin runs' identity moves, no other's.
+    script = ("import json; from pipeline.archs import ARCHS; from pipeline.provenance import code_sha256; "
+              "print(json.dumps({a: code_sha256([a]) for a in ARCHS}))")
+
+    def identities(root: Path) -> dict:
+        out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, check=True)
+        return __import__("json").loads(out.stdout)
+
+    copy = tmp_path / "repo"
+    shutil.copytree(ROOT / "pipeline", copy / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    before = identities(copy)
+    with (copy / "pipeline/families/swin.py").open("a") as f:
+        f.write("# an edit\n")
+    after = identities(copy)
+    changed = {a for a in ARCHS if before[a] != after[a]}
+    assert changed == {a for a, info in ARCHS.items() if info.family == "swin"}
