@@ -8,8 +8,10 @@ import yaml
 from dvc.utils.hydra import apply_overrides
 
 from bench.params_format import dvc_form, main
+from pipeline.config import load_params
 
 ROOT = Path(__file__).resolve().parents[1]
+PROFILES = ("params.yaml", "params-quick.yaml", "params-large.yaml")
 
 
 def changed_lines(before: str, after: str) -> list[str]:
@@ -146,3 +148,24 @@ def test_seed_plan_counts_each_arm_and_writes_what_is_missing(tmp_path):
                                                             "power_nomix_natural"}
     assert grids["power_resnet_natural"].seeds == list(range(12))
     assert main([str(profile), "--check"]) == 0  # still in the form DVC writes
+
+
+def _figure_archs() -> dict[str, set[str]]:
+    """task -> the archs a per-factor plot of dvc.yaml draws (the plot CSV's name says its task)."""
+    out: dict[str, set[str]] = {}
+    for entry in yaml.safe_load((ROOT / "dvc.yaml").read_text())["plots"]:
+        for spec in (entry.values() if isinstance(entry, dict) else []):
+            for csv, cols in (spec.get("y") or {}).items():
+                if isinstance(cols, list):
+                    out.setdefault(Path(csv).stem.split("_")[1], set()).update(cols)
+    return out
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_main_grid_cell_has_a_reader(profile):
+    # A cell that no ledger row, budget row or per-factor figure reads costs seeds and decides nothing: drop it
+    # from train.archs or give it a row (pipeline/report/contrasts.csv).
+    from pipeline.report.ledger import cell_readers
+
+    readers = cell_readers(load_params(ROOT / profile), _figure_archs())
+    assert not sorted(cell for cell, who in readers.items() if not who)

@@ -92,6 +92,30 @@ def configured_cells(params) -> dict[str, set[str]]:
     return out
 
 
+def cell_readers(params, figures: dict[str, set[str]]) -> dict[tuple[str, str], list[str]]:
+    """(arch, task) of every main-grid cell -> what reads it: ledger rows (paired, floor, exact, and the budget
+    axis, whose rows pair the main cell with its other budget) and the per-factor figures (``figures``: task ->
+    the archs its plot draws, from dvc.yaml). A cell with an empty list is trained for nothing."""
+    out = {(arch, task): [] for arch, tasks in configured_cells(params).items() for task in tasks}
+    for row in plan(params):
+        for arm in (row["a"], row["b"]):
+            if (arm, row["task"]) in out:
+                out[arm, row["task"]].append(row["id"])
+    for name, grid in params.train.grids.items():
+        # another budget of the same cell (same size, the slice stage's subset): a budget row reads both
+        if (grid.steps or grid.budget_mode) and grid.sizes in (None, [params.train.size]) \
+                and grid.data_seeds in (None, [0]):
+            for arch in grid.archs or list(params.train.archs):
+                for task in grid.tasks or params.train.archs[arch].tasks:
+                    if (arch, task) in out:
+                        out[arch, task].append(f"budget ({name} grid)")
+    for task, archs in figures.items():
+        for arch in archs:
+            if (arch, task) in out:
+                out[arch, task].append(f"figure: {task}")
+    return out
+
+
 def plan(params) -> list[dict]:
     """Every ledger row for this configuration (a function of params only)."""
     conf = configured_cells(params)
