@@ -29,12 +29,13 @@ from pipeline.config import Params
 from pipeline.errors import ConfigError, StageError
 from pipeline.executor import RunFailed, map_runs
 from pipeline.grid import RunSpec, at_main_budget
-from pipeline.io import write_json, write_with
+from pipeline.io import sha256_bytes, write_json, write_with
 from pipeline.provenance import (
     PROVENANCE,
     WEIGHTS,
     code_sha256,
     data_provenance,
+    index_sha256,
     load_teacher,
     params_sha256,
     pool_sha256,
@@ -65,8 +66,10 @@ class Split:
     num_classes: int
 
 
-def load_split(spec: RunSpec) -> Split:
-    """Arrays + indices for a task; every missing or inconsistent file is a one-line :class:`StageError`."""
+def load_split(spec: RunSpec, verify: bool = False) -> tuple[Split, dict]:
+    """``(arrays + indices, the slice manifest)`` for a task; every missing or inconsistent file is a one-line
+    :class:`StageError`. ``verify``: also check every array against the hash its stage recorded and every index
+    against the pool's length (:func:`verify_split`; the stages do it once, before any worker starts)."""
     files = {k: spec.data_dir / f for k, f in
              {"images": "images.npy", "labels": "labels.npy", "meta": "meta.json"}.items()}
     files["indices"] = spec.slices_dir / "indices.npz"
@@ -92,9 +95,30 @@ def load_split(spec: RunSpec) -> Split:
         # valid files, but the slices describe another generation of the pool (data regenerated after slicing)
         raise StageError(f"{files['indices']}: sliced from other images than {files['images']} "
                          f"(manifest.json source.images_sha256 differs from meta.json); rerun the slice stage")
+    if verify:
+        verify_split(images, labels, indices, meta, manifest, files)
     split = Split(images=images, labels=labels.astype(np.int64), indices=indices,
                   num_classes=int(meta["num_classes"]))
     return split, manifest
+
+
+def verify_split(images: np.ndarray, labels: np.ndarray, indices: dict, meta: dict, manifest: dict,
+                 files: dict[str, Path]) -> None:
+    """The arrays are the ones the data and slice stages wrote: images and labels hash to ``meta.json``'s
+    sha256, every index array to ``manifest.json``'s, and every index lies inside the pool. A mismatch names
+    the file (tampered labels or a negative index would otherwise train silently)."""
+    recorded = meta.get("sha256") or {}
+    for name, arr in (("images", images), ("labels", labels)):
+        if sha256_bytes(np.ascontiguousarray(arr).tobytes()) != recorded.get(name):
+            raise StageError(f"{files[name]}: sha256 differs from {files['meta']} (modified after the data stage?); "
+                             f"rerun it: dvc repro")
+    arrays = manifest.get("arrays") or {}
+    for name, idx in indices.items():
+        if name not in arrays or index_sha256(idx) != arrays[name].get("sha256"):
+            raise StageError(f"{files['indices']}: {name} does not hash to {files['manifest']}'s record "
+                             f"(modified after the slice stage?); rerun it: dvc repro")
+        if len(idx) and (idx.min() < 0 or idx.max() >= len(labels)):
+            raise StageError(f"{files['indices']}: {name} has indices outside the pool of {len(labels)} images")
 
 
 def _subset(indices: dict, size: int, where: Path) -> np.ndarray:
@@ -148,7 +172,7 @@ def check_inputs(specs: list[RunSpec], params: Params) -> None:
                               f"size): drop {spec.key.task} from train.archs.{spec.key.arch}.tasks or from the sweep")
         where = (spec.data_dir, spec.slices_dir)
         if where not in splits:
-            splits[where] = load_split(spec)
+            splits[where] = load_split(spec, verify=True)
         split, manifest = splits[where]
         training_indices(spec, split, params)
         if spec.teacher_dir is None or (spec.teacher_dir, spec.key.task) in teachers:

@@ -179,6 +179,24 @@ def tamper_labels(ws: Path) -> None:
     np.save(path, labels)
 
 
+def tamper_index(name: str, change: Callable[[np.ndarray], None]) -> Callable[[Path], None]:
+    """Rewrite one index array of alignment's indices.npz in place (a valid file the manifest no longer matches)."""
+    def setup(ws: Path) -> None:
+        path = ws / "data/slices/alignment/indices.npz"
+        with np.load(path) as z:
+            arrays = {k: z[k].copy() for k in z.files}
+        change(arrays[name])
+        np.savez(path, **arrays)
+    return setup
+
+
+def tamper_images(ws: Path) -> None:
+    path = ws / "data/tasks/alignment/images.npy"
+    images = np.load(path)
+    images[0, 0, 0, 0] ^= 1  # one bit of one pixel
+    np.save(path, images)
+
+
 def recode(encoding: str) -> Callable[[Path], None]:
     """params.yaml's own text saved in another encoding."""
     def apply(ws: Path) -> None:
@@ -279,6 +297,13 @@ CASES = [
          ("indices.npz", "unreadable")),
     Case("labels-corrupt", "slice", write("data/tasks/alignment/labels.npy", b"junk"), ("alignment",)),
     Case("labels-tampered", "slice", tamper_labels, ("labels.npy", "sha256")),
+    # integrity: the train stage checks every array it reads against its recorded hash before any worker starts
+    Case("train-labels-tampered", "train", tamper_labels, ("labels.npy", "sha256 differs from", "meta.json")),
+    Case("train-images-tampered", "train", tamper_images, ("images.npy", "sha256 differs from", "meta.json")),
+    Case("train-index-negative", "train", tamper_index("test", lambda a: a.__setitem__(0, -1)),
+         ("indices.npz", "test does not hash to", "manifest.json")),
+    Case("train-index-swapped", "train", tamper_index("val", lambda a: a.__setitem__(..., a[::-1].copy())),
+         ("indices.npz", "val does not hash to")),
     # teacher checkpoint missing or tampered
     Case("teacher-missing", "train", remove(f"{TEACHER}/weights.pt"), ("weights.pt", "missing")),
     Case("teacher-tampered", "train", append(f"{TEACHER}/weights.pt", b"\0"), ("weights.pt", "sha256")),
