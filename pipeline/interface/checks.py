@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 class Check:
     """One comparison. ``expected`` is the rule in words (``"== 48"``, ``"<= 1e-10"``, ``"> 1e-05"``)."""
 
-    family: str  # nullspace | patchify | permutation | pairs | reachability
+    group: str  # the kind of check: nullspace | patchify | permutation | pairs | reachability | position
     name: str
     expected: str
     actual: float
@@ -23,23 +23,23 @@ class Check:
         return asdict(self)
 
 
-def equal(family: str, name: str, expected: float, actual: float) -> Check:
-    return Check(family, name, f"== {expected:g}", float(actual), bool(actual == expected))
+def equal(group: str, name: str, expected: float, actual: float) -> Check:
+    return Check(group, name, f"== {expected:g}", float(actual), bool(actual == expected))
 
 
-def at_most(family: str, name: str, actual: float, bound: float) -> Check:
-    return Check(family, name, f"<= {bound:g}", float(actual), bool(actual <= bound))
+def at_most(group: str, name: str, actual: float, bound: float) -> Check:
+    return Check(group, name, f"<= {bound:g}", float(actual), bool(actual <= bound))
 
 
-def above(family: str, name: str, actual: float, bound: float) -> Check:
-    return Check(family, name, f"> {bound:g}", float(actual), bool(actual > bound))
+def above(group: str, name: str, actual: float, bound: float) -> Check:
+    return Check(group, name, f"> {bound:g}", float(actual), bool(actual > bound))
 
 
 def summary(checks: list[Check]) -> dict[str, int]:
-    """``{"checked": n, "held": k}`` overall and per family (``"<family>.checked"``...)."""
+    """``{"checked": n, "held": k}`` overall and per group (``"<group>.checked"``...)."""
     out = {"checked": len(checks), "held": sum(c.held for c in checks)}
-    for fam in sorted({c.family for c in checks}):
-        mine = [c for c in checks if c.family == fam]
+    for fam in sorted({c.group for c in checks}):
+        mine = [c for c in checks if c.group == fam]
         out[f"{fam}.checked"] = len(mine)
         out[f"{fam}.held"] = sum(c.held for c in mine)
     return out

@@ -88,10 +88,10 @@ def reachability_figure(dist: pd.DataFrame):
 # --------------------------------------------------------------------------- markdown
 def markdown(tables: dict[str, pd.DataFrame], checks: list[Check], key: dict[str, float],
              figures: dict[str, str]) -> str:
-    """interface.md: the summary, then one section per family of checks."""
+    """interface.md: the summary, then one section per group of checks."""
     s = summary(checks)
-    fam = pd.DataFrame([{"family": f, "checked": s[f"{f}.checked"], "held": s[f"{f}.held"]}
-                        for f in sorted({c.family for c in checks})])
+    fam = pd.DataFrame([{"group": f, "checked": s[f"{f}.checked"], "held": s[f"{f}.held"]}
+                        for f in sorted({c.group for c in checks})])
     failed = [c for c in checks if not c.held]
 
     def fig(name: str, alt: str) -> str:
@@ -115,7 +115,7 @@ def markdown(tables: dict[str, pd.DataFrame], checks: list[Check], key: dict[str
     out += _nullspace_section(tables, key, fig) + _permutation_section(tables, fig)
     out += _pairs_section(tables, fig) + _reachability_section(tables, fig)
     if "position_contract" in tables:
-        out += _position_section(tables["position_contract"], [c for c in checks if c.family == "position"])
+        out += _position_section(tables["position_contract"], [c for c in checks if c.group == "position"])
     return "\n".join(out)
 
 
@@ -248,8 +248,9 @@ def _position_section(contract: pd.DataFrame, checks: list[Check]) -> list[str]:
         "## Position contract (resolution change at a fixed patch size)",
         "",
         "How each architecture's position signal is mapped when the image size, hence the token grid, changes "
-        "(`pipeline/resolution.py`, `POSITION_CONTRACT`; the family is read off the module). Checked on the "
-        f"configured architectures at the training size and at every `evaluation.resolution.sizes`: {held} of "
+        "(`pipeline/resolution.py`, `POSITION_CONTRACT`; each family adapter reads the kind off the module). "
+        "Checked on the configured architectures at the training size and at every `evaluation.resolution.sizes` "
+        f"(a fixed-grid family at its own size only): {held} of "
         f"{len(checks)} held (mapped logits equal the original's exactly at the training size; logit shapes, "
         "position-table rows and Swin's per-offset bias at the other sizes).",
         "",

@@ -293,18 +293,18 @@ def position_study(params: Params, models: dict[str, torch.nn.Module]) -> Result
 
 
 def run_all(params: Params, models: dict[str, torch.nn.Module], progress=print) -> Results:
-    """Every family of checks, one progress line each; ``models`` are the configured architectures."""
-    families = {"null space and collisions": lambda: nullspace_study(params),
+    """Every group of checks, one progress line each; ``models`` are the configured architectures."""
+    groups = {"null space and collisions": lambda: nullspace_study(params),
                 "permutation equivariance": lambda: permutation_study(params),
                 "attention pair counts": lambda: pairs_study(params),
                 "reachability": lambda: reachability_study(params, models),
                 "position contract": lambda: position_study(params, models)}
     res = Results()
-    for i, (name, family) in enumerate(families.items(), 1):
+    for i, (name, group) in enumerate(groups.items(), 1):
         t0 = time.perf_counter()
-        part = family()
+        part = group()
         res.add(part)
-        progress(f"  interface {i}/{len(families)} {name}: {sum(c.held for c in part.checks)} of "
+        progress(f"  interface {i}/{len(groups)} {name}: {sum(c.held for c in part.checks)} of "
                  f"{len(part.checks)} checks held ({time.perf_counter() - t0:.1f} s)", flush=True)
     return res
 

@@ -174,10 +174,10 @@ def steps_to_reach(runs: pd.DataFrame, threshold: float, cell: list[str]) -> pd.
 
 
 def interface_table(summary: dict) -> pd.DataFrame:
-    """data/interface/summary.json ``checks`` -> one row per family (and ``all``): held, checked."""
+    """data/interface/summary.json ``checks`` -> one row per group of checks (and ``all``): held, checked."""
     checks = summary.get("checks", {})
     fams = sorted({k.split(".")[0] for k in checks if "." in k})
-    rows = [{"family": f, "held": checks.get(f"{f}.held", 0), "checked": checks.get(f"{f}.checked", 0)}
+    rows = [{"group": f, "held": checks.get(f"{f}.held", 0), "checked": checks.get(f"{f}.checked", 0)}
             for f in fams]
-    rows.append({"family": "all", "held": checks.get("held", 0), "checked": checks.get("checked", 0)})
+    rows.append({"group": "all", "held": checks.get("held", 0), "checked": checks.get("checked", 0)})
     return pd.DataFrame(rows)

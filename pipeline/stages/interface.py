@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     if failed:
         first = failed[0]
         raise StageError(f"{len(failed)} of {len(res.checks)} interface checks failed; first: "
-                         f"{first.family}: {first.name}: expected {first.expected}, got {first.actual:g}")
+                         f"{first.group}: {first.name}: expected {first.expected}, got {first.actual:g}")
 
 
 if __name__ == "__main__":
