@@ -220,24 +220,42 @@ def worker_pool(workers: int, scheduler: str | None = None, warm: tuple[str, ...
             warming.clear()
 
 
+def eta(elapsed: float, done: float, total: float) -> float:
+    """Seconds left when ``done`` of ``total`` expected cost took ``elapsed`` seconds (costs, not run counts: the
+    longest runs start first, so a count-based rate would promise too early an end)."""
+    return elapsed * (total - done) / done if done > 0 else float("nan")
+
+
+def hms(seconds: float) -> str:
+    """h:mm:ss (``?`` before anything finished)."""
+    if seconds != seconds:
+        return "?"
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
 def map_runs(fn: Callable[[Any], Any], items: Iterable[Any], *, workers: int = 1,
              describe: Callable[[Any], str] = str, log_dir: Path | None = None, threads: int = 1,
              scheduler: str | None = None, cost: Callable[[Any], float] | None = None, pool=None,
              ) -> Iterator[tuple[Any, Any]]:
-    """Yield ``(item, fn(item))`` as runs finish, printing "run k of n" with an ETA; raise :class:`RunFailed`.
+    """Yield ``(item, fn(item))`` as runs finish, printing "run k of n" with a cost-weighted ETA; raise
+    :class:`RunFailed`.
 
     ``threads``: torch threads per run; ``scheduler``: a Dask scheduler address (else ``$DASK_SCHEDULER_ADDRESS``,
-    else a local cluster of ``workers`` processes); ``cost``: a run's expected cost, to start the longest first;
+    else a local cluster of ``workers`` processes); ``cost``: a run's expected cost, to start the longest first
+    and weight the ETA;
     ``pool``: a client from :func:`worker_pool` to run on (it stays open after this).
     """
     items = longest_first(list(items), cost)
     n, t0 = len(items), time.monotonic()
+    weight = cost or (lambda item: 1.0)
+    total, done = sum(weight(item) for item in items), 0.0
 
     def report(k: int, item: Any) -> None:
-        elapsed = time.monotonic() - t0
-        eta = elapsed / k * (n - k)
+        nonlocal done
+        elapsed, done = time.monotonic() - t0, done + weight(item)
         print(f"[{datetime.now():%H:%M:%S}] run {k} of {n} done: {describe(item)} "
-              f"(elapsed {elapsed:.0f} s, ETA {eta:.0f} s)", flush=True)
+              f"(elapsed {hms(elapsed)}, ETA {hms(eta(elapsed, done, total))})", flush=True)
 
     def fail(item: Any, payload: tuple[str, str]) -> RunFailed:
         summary, tb = payload

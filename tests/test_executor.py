@@ -206,3 +206,12 @@ def test_named_cluster_that_answers_is_used():
                       dashboard_address=None) as cluster, \
             executor.dask_client(1, cluster.scheduler_address) as client:
         assert client.submit(sum, [1, 2]).result() == 3
+
+
+def test_the_eta_weights_runs_by_their_expected_cost():
+    from pipeline.executor import eta, hms
+
+    # one of two runs done, but it was the 3-unit one of 4 units: a third of the time it took is left
+    assert eta(90.0, 3.0, 4.0) == pytest.approx(30.0)
+    assert eta(90.0, 1.0, 4.0) == pytest.approx(270.0)
+    assert hms(3725.4) == "1:02:05" and hms(float("nan")) == "?"
