@@ -50,10 +50,10 @@ def one_run(params, arch: str, steps: int, folder: Path, n_train: int, n_val: in
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import MLFlowLogger
 
-    from pipeline.experiment import Split
     from pipeline.learner import ArrayData, Classifier, Curves, PhaseTimer
     from pipeline.models import build_model
     from pipeline.predict import predict
+    from pipeline.split import Split
 
     r, rt = params.train.recipe, params.train.runtime
     phases = {}

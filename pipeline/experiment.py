@@ -17,7 +17,6 @@ import json
 import resource
 import shutil
 import time
-import zipfile
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -29,13 +28,12 @@ from pipeline.config import Params
 from pipeline.errors import ConfigError, StageError
 from pipeline.executor import RunFailed, map_runs
 from pipeline.grid import RunSpec, at_main_budget
-from pipeline.io import sha256_bytes, write_json, write_with
+from pipeline.io import write_json, write_with
 from pipeline.provenance import (
     PROVENANCE,
     WEIGHTS,
     code_sha256,
     data_provenance,
-    index_sha256,
     load_teacher,
     params_sha256,
     pool_sha256,
@@ -43,6 +41,7 @@ from pipeline.provenance import (
     run_archs,
     run_params,
 )
+from pipeline.split import load_split, subset, training_indices
 
 
 @dataclass(frozen=True)
@@ -55,106 +54,6 @@ class Job:
     resume_from: Path | None
 
 
-# --------------------------------------------------------------------------- data
-@dataclass(frozen=True)
-class Split:
-    """Arrays of one task, cut by the slice stage's indices."""
-
-    images: np.ndarray  # (N, H, W, C) uint8
-    labels: np.ndarray  # (N,) int64
-    indices: dict[str, np.ndarray]  # "train_<n>", "val", "test", "slice/<factor>=<value>"
-    num_classes: int
-
-
-def load_split(spec: RunSpec, verify: bool = False) -> tuple[Split, dict]:
-    """``(arrays + indices, the slice manifest)`` for a task; every missing or inconsistent file is a one-line
-    :class:`StageError`. ``verify``: also check every array against the hash its stage recorded and every index
-    against the pool's length (:func:`verify_split`; the stages do it once, before any worker starts)."""
-    files = {k: spec.data_dir / f for k, f in
-             {"images": "images.npy", "labels": "labels.npy", "meta": "meta.json"}.items()}
-    files["indices"] = spec.slices_dir / "indices.npz"
-    files["manifest"] = spec.slices_dir / "manifest.json"
-    for path in files.values():
-        if not path.exists():
-            raise StageError(f"{path}: missing (run the data and slice stages: dvc repro)")
-    current = files["images"]  # the file being read, named in the error
-    try:
-        images = np.load(current, allow_pickle=False)
-        labels = np.load(current := files["labels"], allow_pickle=False)
-        with np.load(current := files["indices"], allow_pickle=False) as z:
-            indices = {k: z[k] for k in z.files}
-        meta = json.loads((current := files["meta"]).read_text())
-        manifest = json.loads((current := files["manifest"]).read_text())
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
-        raise StageError(f"{current}: unreadable ({type(err).__name__}: {err})") from None
-    if images.ndim != 4 or images.dtype != np.uint8 or len(images) != len(labels):
-        raise StageError(f"{files['images']}: expected uint8 (N,H,W,C) matching labels, got "
-                         f"{images.dtype} {images.shape} vs {labels.shape}")
-    source = manifest.get("source", {}) if isinstance(manifest, dict) else {}
-    if source.get("images_sha256") != meta.get("sha256", {}).get("images"):
-        # valid files, but the slices describe another generation of the pool (data regenerated after slicing)
-        raise StageError(f"{files['indices']}: sliced from other images than {files['images']} "
-                         f"(manifest.json source.images_sha256 differs from meta.json); rerun the slice stage")
-    if verify:
-        verify_split(images, labels, indices, meta, manifest, files)
-    split = Split(images=images, labels=labels.astype(np.int64), indices=indices,
-                  num_classes=int(meta["num_classes"]))
-    return split, manifest
-
-
-def verify_split(images: np.ndarray, labels: np.ndarray, indices: dict, meta: dict, manifest: dict,
-                 files: dict[str, Path]) -> None:
-    """The arrays are the ones the data and slice stages wrote: images and labels hash to ``meta.json``'s
-    sha256, every index array to ``manifest.json``'s, and every index lies inside the pool. A mismatch names
-    the file (tampered labels or a negative index would otherwise train silently)."""
-    recorded = meta.get("sha256") or {}
-    for name, arr in (("images", images), ("labels", labels)):
-        if sha256_bytes(np.ascontiguousarray(arr).tobytes()) != recorded.get(name):
-            raise StageError(f"{files[name]}: sha256 differs from {files['meta']} (modified after the data stage?); "
-                             f"rerun it: dvc repro")
-    arrays = manifest.get("arrays") or {}
-    for name, idx in indices.items():
-        if name not in arrays or index_sha256(idx) != arrays[name].get("sha256"):
-            raise StageError(f"{files['indices']}: {name} does not hash to {files['manifest']}'s record "
-                             f"(modified after the slice stage?); rerun it: dvc repro")
-        if len(idx) and (idx.min() < 0 or idx.max() >= len(labels)):
-            raise StageError(f"{files['indices']}: {name} has indices outside the pool of {len(labels)} images")
-
-
-def _subset(indices: dict, size: int, where: Path) -> np.ndarray:
-    key = f"train_{size}"
-    if key not in indices:
-        sizes = sorted(int(k.removeprefix("train_")) for k in indices if k.startswith("train_"))
-        raise StageError(f"{where}: no training subset of size {size} (have {sizes})")
-    return indices[key]
-
-
-def redraw(pool: np.ndarray, official: np.ndarray, labels: np.ndarray, data_seed: int) -> np.ndarray:
-    """Another class-balanced draw of ``len(official)`` training images from ``pool`` (the largest subset).
-
-    Each class keeps its count in the official subset; ``data_seed`` picks which pool images fill it. Val and
-    test are untouched, so item-paired comparisons across draws stay valid.
-    """
-    rng = np.random.default_rng(data_seed)
-    counts = np.bincount(labels[official], minlength=int(labels.max()) + 1)
-    picked = [rng.permutation(pool[labels[pool] == c])[:n] for c, n in enumerate(counts)]
-    return np.sort(np.concatenate(picked)).astype(np.int64)
-
-
-def training_indices(spec: RunSpec, split, params: Params) -> np.ndarray:
-    """The images a run trains on: its subset, another draw of it, or (teachers) the transfer set."""
-    where, k = spec.slices_dir / "indices.npz", spec.key
-    if spec.kind == "teacher":  # disjoint from the students' images (the subsets are nested)
-        outer = _subset(split.indices, params.distill.teacher_size, where)
-        return np.setdiff1d(outer, _subset(split.indices, params.train.size, where))
-    own = _subset(split.indices, k.train_size, where)
-    if k.data_seed == 0:
-        return own
-    largest = max((x for x in split.indices if x.startswith("train_")), key=lambda x: int(x.split("_")[1]))
-    return redraw(split.indices[largest], own, split.labels, k.data_seed)
-
-
-# --------------------------------------------------------------------------- prepare (stage process)
 def check_inputs(specs: list[RunSpec], params: Params) -> None:
     """Read every file the runs will read, before any MLflow run or checkpoint is touched.
 
@@ -342,7 +241,7 @@ def fit(job: Job) -> dict:
     val = trainer.callback_metrics.get("val/acc")
     done = trainer.global_step  # criterion runs may stop before `steps`, the cap
     measured = _measured(job, trainer.global_step - start, wall, timer)
-    extra = ({"student_train": _subset(split.indices, params.train.size, spec.slices_dir)}
+    extra = ({"student_train": subset(split.indices, params.train.size, spec.slices_dir)}
              if spec.kind == "teacher" else {})
     t_eval = time.perf_counter()
     evaluation = {**evaluate(model, split, rt.eval_batch_size, extra),

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Sampler, TensorDataset
 from pipeline.predict import to_tensor
 
 if TYPE_CHECKING:
-    from pipeline.experiment import Split
+    from pipeline.split import Split
 
 
 class StepBatches(Sampler[list[int]]):

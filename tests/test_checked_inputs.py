@@ -151,7 +151,7 @@ def test_report_refuses_metrics_of_the_wrong_shape(tmp_path, metrics, message):
 # JSON readers that still parse without a shape: frozen train-side code (issue 31), to move to io.read_json with a
 # `required` shape. A new reader fails the test below until it uses read_json (or is listed here, with why).
 UNCHECKED_JSON_READERS = {
-    ("pipeline/experiment.py", "load_split"),  # meta.json, manifest.json
+    ("pipeline/split.py", "load_split"),  # meta.json, manifest.json
     ("pipeline/experiment.py", "finished"),  # a run's metrics.json
     ("pipeline/experiment.py", "prepare_ckpt"),  # a checkpoint's config.json
     ("pipeline/provenance.py", "read_teacher"),  # a teacher's provenance.json

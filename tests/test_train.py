@@ -20,7 +20,7 @@ import yaml
 from conftest import mlflow_store
 from torch.utils.data import DataLoader, TensorDataset
 
-from pipeline import experiment, learner
+from pipeline import experiment, learner, split
 from pipeline.archs import ARCHS
 from pipeline.config import load_params
 from pipeline.errors import StageError
@@ -239,12 +239,12 @@ def test_another_data_seed_draws_another_balanced_subset():
     labels = np.repeat(np.arange(4), 50)
     pool = np.arange(200)
     official = np.concatenate([np.arange(c * 50, c * 50 + 10) for c in range(4)])
-    a, b = (experiment.redraw(pool, official, labels, s) for s in (1, 2))
+    a, b = (split.redraw(pool, official, labels, s) for s in (1, 2))
     assert not np.array_equal(a, b) and not np.array_equal(a, official)
     for draw in (a, b):
         assert np.array_equal(np.bincount(labels[draw]), np.bincount(labels[official]))
         assert len(np.unique(draw)) == len(official)
-    assert np.array_equal(a, experiment.redraw(pool, official, labels, 1))
+    assert np.array_equal(a, split.redraw(pool, official, labels, 1))
 
 
 def test_a_data_seed_trains_on_another_draw(runs):

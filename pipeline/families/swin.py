@@ -12,13 +12,13 @@ import math
 import warnings
 from typing import NamedTuple
 
+import numpy as np
 import torch
-from timm.models.swin_transformer import SwinTransformer
+from timm.models.swin_transformer import SwinTransformer, SwinTransformerBlock, window_partition
 from torch import nn
 
 from pipeline.config import Params
 from pipeline.families.common import Family, Layer, linear, merge_pattern, patch_membership, transformer_block
-from pipeline.interface.pairs import window_connectivity
 
 
 def _stages(params: Params, local: bool) -> tuple[list[int], list[int]]:
@@ -72,6 +72,29 @@ def flops(params: Params, width: int, num_classes: int, local: bool = False, **_
 
 def tokens(params: Params, **_: object) -> int:
     return (params.geometry.image_size // params.models.swin.patch_size) ** 2
+
+
+def window_connectivity(block: SwinTransformerBlock) -> np.ndarray:
+    """Which real token each query may attend to, read off the block's own partition and mask.
+
+    Follows the block's forward: roll by ``-shift``, pad to whole windows, ``window_partition``; a pair in
+    one window is allowed where ``block.attn_mask`` (``(nW, w*w, w*w)``, None when unshifted) is 0.
+    Returns bool ``(N, N)``, ``[query, key]``, tokens numbered row-major on the ``H x W`` grid.
+    """
+    h, w = block.input_resolution
+    (wh, ww), (sh, sw) = block.window_size, block.shift_size
+    ids = torch.arange(h * w).reshape(1, h, w, 1)
+    ids = torch.roll(ids, shifts=(-sh, -sw), dims=(1, 2))
+    ph, pw = (wh - h % wh) % wh, (ww - w % ww) % ww
+    ids = torch.nn.functional.pad(ids, (0, 0, 0, pw, 0, ph), value=-1)  # -1: padding token
+    win = window_partition(ids, (wh, ww)).reshape(-1, wh * ww)  # (nW, w*w) token id per slot
+    mask = block.attn_mask
+    allowed = torch.ones(win.shape[0], wh * ww, wh * ww, dtype=torch.bool) if mask is None else mask == 0
+    real = (win[:, :, None] >= 0) & (win[:, None, :] >= 0) & allowed
+    widx, qi, ki = torch.nonzero(real, as_tuple=True)
+    conn = np.zeros((h * w, h * w), dtype=bool)
+    conn[win[widx, qi].numpy(), win[widx, ki].numpy()] = True
+    return conn
 
 
 def chain(model: SwinTransformer, image_size: int) -> list[Layer]:

@@ -12,10 +12,10 @@ a pair is unmasked iff it is unmasked along both axes, ``unmasked = unmasked_1d^
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
-import torch
-from timm.models.swin_transformer import SwinTransformerBlock, window_partition
+from timm.models.swin_transformer import SwinTransformerBlock
+
+from pipeline.families.swin import window_connectivity
 
 
 def global_pairs(n_tokens: int) -> int:
@@ -57,29 +57,6 @@ def make_swin_block(grid: int, window: int, shifted: bool, dim: int = 4, num_hea
     """A timm Swin block on a ``grid x grid`` token map (timm shrinks the window / drops the shift itself)."""
     return SwinTransformerBlock(dim=dim, input_resolution=(grid, grid), num_heads=num_heads,
                                 window_size=window, shift_size=window // 2 if shifted else 0)
-
-
-def window_connectivity(block: SwinTransformerBlock) -> np.ndarray:
-    """Which real token each query may attend to, read off the block's own partition and mask.
-
-    Follows the block's forward: roll by ``-shift``, pad to whole windows, ``window_partition``; a pair in
-    one window is allowed where ``block.attn_mask`` (``(nW, w*w, w*w)``, None when unshifted) is 0.
-    Returns bool ``(N, N)``, ``[query, key]``, tokens numbered row-major on the ``H x W`` grid.
-    """
-    h, w = block.input_resolution
-    (wh, ww), (sh, sw) = block.window_size, block.shift_size
-    ids = torch.arange(h * w).reshape(1, h, w, 1)
-    ids = torch.roll(ids, shifts=(-sh, -sw), dims=(1, 2))
-    ph, pw = (wh - h % wh) % wh, (ww - w % ww) % ww
-    ids = torch.nn.functional.pad(ids, (0, 0, 0, pw, 0, ph), value=-1)  # -1: padding token
-    win = window_partition(ids, (wh, ww)).reshape(-1, wh * ww)  # (nW, w*w) token id per slot
-    mask = block.attn_mask
-    allowed = torch.ones(win.shape[0], wh * ww, wh * ww, dtype=torch.bool) if mask is None else mask == 0
-    real = (win[:, :, None] >= 0) & (win[:, None, :] >= 0) & allowed
-    widx, qi, ki = torch.nonzero(real, as_tuple=True)
-    conn = np.zeros((h * w, h * w), dtype=bool)
-    conn[win[widx, qi].numpy(), win[widx, ki].numpy()] = True
-    return conn
 
 
 def timm_pair_counts(block: SwinTransformerBlock) -> dict[str, int]:

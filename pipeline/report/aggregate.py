@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pandas as pd
 
 from pipeline.report.sources import run_outcome, slice_acc
@@ -119,18 +118,6 @@ def wide(curve: pd.DataFrame, x: str, columns: list[str], value: str = "mean") -
         return pd.DataFrame(columns=[x, *columns])
     table = curve.pivot_table(index=x, columns="arch", values=value, aggfunc="first")
     return table.reindex(columns=columns).reset_index().rename_axis(columns=None)
-
-
-def agreement(index_a: np.ndarray, logits_a: np.ndarray, index_b: np.ndarray, logits_b: np.ndarray) -> float:
-    """Fraction of shared test samples on which two models predict the same class.
-
-    index_*: (N,) int64 sample indices; logits_*: (N, K). Samples are matched by index (both runs evaluate
-    the same test split, but the match does not rely on the order).
-    """
-    common, ia, ib = np.intersect1d(index_a, index_b, return_indices=True)
-    if not len(common):
-        return math.nan
-    return float((logits_a[ia].argmax(-1) == logits_b[ib].argmax(-1)).mean())
 
 
 def distillation_table(runs: pd.DataFrame, agreements: pd.DataFrame) -> pd.DataFrame:

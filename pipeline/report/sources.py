@@ -176,12 +176,23 @@ def learning_histories(runs: pd.DataFrame, keys: tuple[str, ...] = ("train/loss"
     return pd.DataFrame(rows, columns=cols)
 
 
+def agreement(index_a: np.ndarray, logits_a: np.ndarray, index_b: np.ndarray, logits_b: np.ndarray) -> float:
+    """Fraction of shared test samples on which two models predict the same class.
+
+    index_*: (N,) int64 sample indices; logits_*: (N, K). Samples are matched by index (both runs evaluate
+    the same test split, but the match does not rely on the order).
+    """
+    common, ia, ib = np.intersect1d(index_a, index_b, return_indices=True)
+    if not len(common):
+        return math.nan
+    return float((logits_a[ia].argmax(-1) == logits_b[ib].argmax(-1)).mean())
+
+
 def agreements(runs: pd.DataFrame, students: dict[str, str], teacher_tasks: list[str]) -> pd.DataFrame:
     """Agreement of every student, the label-only ``vit`` and each teacher with every teacher, per seed.
 
     Rows: task, arch, source, seed, teacher, agreement (on the shared test split, from predictions.npz).
     """
-    from pipeline.report.aggregate import agreement
 
     teachers = runs[runs.source == "teachers"]
     pool = runs[(runs.source == "runs") & runs.arch.isin(["vit", *students]) | (runs.source == "teachers")]
