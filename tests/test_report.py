@@ -303,3 +303,31 @@ def test_a_tied_floor_names_the_shortcut_stage_pick():
         "a_plus_b": {"acc": 0.53}, "tokens_bag": {"acc": 0.53}, "colour_a_alone": {"acc": 0.51}}}}
     assert ledger.floor_of(floors, "relation") == (0.53, "tokens_bag")
     assert ledger.floor_of(floors, "relation", exclude=("tokens_bag",)) == (0.53, "a_plus_b")
+
+
+def test_agreement_where_the_teacher_is_wrong_separates_inheritance_from_accuracy(tmp_path):
+    # A teacher wrong on pool items 2 and 3; a student that copies it agrees there, one that learned the labels
+    # does not, though both agree with the teacher on every item it gets right.
+    from pipeline.report.cells import Items
+
+    labels = np.array([0, 1, 0, 1, 0, 1])
+    index = np.arange(6)
+
+    def logits(pred):
+        return np.eye(2, dtype=np.float32)[pred]
+
+    teacher = np.array([0, 1, 1, 0, 0, 1])
+    folders = {}
+    for name, pred in {"teacher": teacher, "copy": teacher, "labels": labels}.items():
+        folders[name] = tmp_path / name
+        folders[name].mkdir()
+        np.savez(folders[name] / "predictions.npz", index=index, logits=logits(pred))
+    runs = pd.DataFrame([
+        {"task": "t", "arch": "resnet", "source": "teachers", "seed": 0, "dir": str(folders["teacher"])},
+        {"task": "t", "arch": "deit", "source": "runs", "seed": 0, "dir": str(folders["copy"])},
+        {"task": "t", "arch": "vit", "source": "runs", "seed": 0, "dir": str(folders["labels"])}])
+    items = Items(pools={"t": {"labels": labels, "subsets": {"slice/ood": np.array([2, 3, 4])}}})
+    got = sources.agreements(runs, {"deit": "resnet"}, ["t"], items).set_index("arch")
+    assert got.loc["deit", "agree_teacher_wrong"] == 1.0 and got.loc["vit", "agree_teacher_wrong"] == 0.0
+    assert got.loc["vit", "agreement"] == pytest.approx(4 / 6)
+    assert got.loc["vit", "agree_ood"] == pytest.approx(1 / 3) and got.loc["deit", "agree_ood"] == 1.0

@@ -122,7 +122,9 @@ def wide(curve: pd.DataFrame, x: str, columns: list[str], value: str = "mean") -
 
 def distillation_table(runs: pd.DataFrame, agreements: pd.DataFrame) -> pd.DataFrame:
     """Per task x arch (label-only ViT, students, teachers): seeds, mean test accuracy (intervals: the accuracy
-    table), its teacher, the mean agreement with every teacher (columns ``agree_<teacher>``).
+    table), its teacher, the mean agreement with every teacher on the test split (``agree_<teacher>``), on its
+    out-of-distribution slice (``agree_ood_<teacher>``) and on the items that teacher gets wrong
+    (``agree_wrong_<teacher>``: where a transferred bias shows, since the labels never say so).
 
     agreements: rows (task, arch, source, seed, teacher, agreement) computed from predictions.npz.
     """
@@ -132,9 +134,14 @@ def distillation_table(runs: pd.DataFrame, agreements: pd.DataFrame) -> pd.DataF
     pool = runs.merge(agreements[keys].drop_duplicates(), on=keys)
     acc = pool.groupby(keys, as_index=False).agg(seeds=("seed", "nunique"), mean=("test_acc", "mean"),
                                                  teacher_arch=("teacher_arch", "first"))
-    agree = agreements.pivot_table(index=keys, columns="teacher", values="agreement",
-                                   aggfunc="mean").add_prefix("agree_").reset_index().rename_axis(columns=None)
-    return acc.merge(agree, on=keys, how="left")
+    out = acc
+    for value, prefix in (("agreement", "agree_"), ("agree_ood", "agree_ood_"),
+                          ("agree_teacher_wrong", "agree_wrong_")):
+        if value not in agreements or agreements[value].isna().all():
+            continue
+        wide = agreements.pivot_table(index=keys, columns="teacher", values=value, aggfunc="mean")
+        out = out.merge(wide.add_prefix(prefix).reset_index().rename_axis(columns=None), on=keys, how="left")
+    return out
 
 
 def first_step(curve, threshold: float) -> float:

@@ -119,7 +119,7 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
     led = ledger.judge(inp.params, runs, inp.items, inp.floors, inp.disagreement, seed, inp.collisions)
     learn = learnability_table(inp, config)
     students = dict(inp.params.distill.students)
-    agree = sources.agreements(runs, students, list(inp.params.distill.tasks))
+    agree = sources.agreements(runs, students, list(inp.params.distill.tasks), inp.items)
     floors = markdown.floors_line(inp.floors)
     flags = markdown.floor_flags(inp.floors)
     if flags:
@@ -140,7 +140,10 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
             "seed mean. Teacher compute is charged in full to every student.", agg.budget_table(runs)),
         "distillation attribution": _table(
             out, "distillation", "Distillation: accuracy and agreement with each teacher", "`agree_<teacher>`: share "
-            "of test items predicted like that teacher (seed mean). Paired contrasts with CIs: the ledger.",
+            "of test items predicted like that teacher (seed mean); `agree_ood_<teacher>`: the same on the "
+            "out-of-distribution slice; `agree_wrong_<teacher>`: on the items that teacher gets wrong, where only "
+            "an inherited bias makes a student agree (a label-trained model agrees there by chance or by a shared "
+            "error). Paired contrasts with CIs: the ledger.",
             agg.distillation_table(runs, agree), empty="not run (distillation disabled)"),
         "data-size curve": _table(out, "size_curve", "Test accuracy vs training-set size", f"{note}\n\n{floors}",
                                   size_tab, empty="not run (no data-size curve)"),

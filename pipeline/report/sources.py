@@ -176,22 +176,29 @@ def learning_histories(runs: pd.DataFrame, keys: tuple[str, ...] = ("train/loss"
     return pd.DataFrame(rows, columns=cols)
 
 
-def agreement(index_a: np.ndarray, logits_a: np.ndarray, index_b: np.ndarray, logits_b: np.ndarray) -> float:
-    """Fraction of shared test samples on which two models predict the same class.
+def agreement(index_a: np.ndarray, logits_a: np.ndarray, index_b: np.ndarray, logits_b: np.ndarray,
+              within: np.ndarray | None = None) -> float:
+    """Fraction of shared test samples on which two models predict the same class (NaN if none are shared).
 
     index_*: (N,) int64 sample indices; logits_*: (N, K). Samples are matched by index (both runs evaluate
-    the same test split, but the match does not rely on the order).
+    the same test split, but the match does not rely on the order); ``within``: only these pool indices.
     """
     common, ia, ib = np.intersect1d(index_a, index_b, return_indices=True)
-    if not len(common):
+    if within is not None:
+        keep = np.isin(common, within)
+        ia, ib = ia[keep], ib[keep]
+    if not len(ia):
         return math.nan
     return float((logits_a[ia].argmax(-1) == logits_b[ib].argmax(-1)).mean())
 
 
-def agreements(runs: pd.DataFrame, students: dict[str, str], teacher_tasks: list[str]) -> pd.DataFrame:
+def agreements(runs: pd.DataFrame, students: dict[str, str], teacher_tasks: list[str], items=None) -> pd.DataFrame:
     """Agreement of every student, the label-only ``vit`` and each teacher with every teacher, per seed.
 
-    Rows: task, arch, source, seed, teacher, agreement (on the shared test split, from predictions.npz).
+    Rows: task, arch, source, seed, teacher, agreement (on the shared test split, from predictions.npz) and, with
+    ``items`` (:class:`pipeline.report.cells.Items`: the pools' labels and slices), ``agree_ood`` (on the
+    out-of-distribution slice, where the task has one) and ``agree_teacher_wrong`` (on the test items the teacher
+    gets wrong: a student that inherited the teacher's bias repeats its mistakes; one trained on labels does not).
     """
 
     teachers = runs[runs.source == "teachers"]
@@ -204,5 +211,17 @@ def agreements(runs: pd.DataFrame, students: dict[str, str], teacher_tasks: list
             if r.source == "teachers" and r.arch == t.arch or (rp := read_predictions(r.dir)) is None:
                 continue
             rows.append({"task": t.task, "arch": r.arch, "source": r.source, "seed": r.seed, "teacher": t.arch,
-                         "agreement": agreement(rp[0], rp[1], tp[0], tp[1])})
-    return pd.DataFrame(rows, columns=["task", "arch", "source", "seed", "teacher", "agreement"])
+                         "agreement": agreement(rp[0], rp[1], tp[0], tp[1]),
+                         **_where_it_matters(items, t.task, rp, tp)})
+    return pd.DataFrame(rows, columns=["task", "arch", "source", "seed", "teacher", "agreement", "agree_ood",
+                                       "agree_teacher_wrong"])
+
+
+def _where_it_matters(items, task: str, rp: tuple, tp: tuple) -> dict[str, float]:
+    pool = items.pools.get(task) if items is not None else None
+    if pool is None:
+        return {"agree_ood": math.nan, "agree_teacher_wrong": math.nan}
+    ood = items.subset(task, "slice/ood")
+    wrong = tp[0][tp[1].argmax(-1) != pool["labels"][tp[0]]]
+    return {"agree_ood": agreement(rp[0], rp[1], tp[0], tp[1], ood) if ood is not None else math.nan,
+            "agree_teacher_wrong": agreement(rp[0], rp[1], tp[0], tp[1], wrong)}
