@@ -28,25 +28,27 @@ CODE = ("learner", "predict", "experiment", "split", "grid", "models", "budget",
         "resolution", "families/__init__", "families/common")
 
 
-def code_parts(archs) -> dict[str, str]:
+def code_parts(archs, root: Path | None = None) -> dict[str, str]:
     """What the code identity of a run building ``archs`` hashes: the shared modules, each family module of
-    ``archs``, and each one's table row (with the row whose width it reuses)."""
+    ``archs``, and each one's table row (with the row whose width it reuses). ``root``: read the modules from
+    this copy of the package instead (what an edit would change)."""
     from pipeline.families import source
 
-    root = Path(__file__).parent
+    here = Path(__file__).parent
+    root = root or here
     parts = {f"{name}.py": (root / f"{name}.py").read_text() for name in CODE}
     for arch in archs:
-        path = source(arch)
-        parts[path.relative_to(root).as_posix()] = path.read_text()
+        rel = source(arch).relative_to(here).as_posix()
+        parts[rel] = (root / rel).read_text()
         for name in dict.fromkeys([arch, ARCHS[arch].width_of or arch]):
             parts[f"archs:{name}"] = repr(ARCHS[name])
     return parts
 
 
-def code_sha256(archs) -> str:
+def code_sha256(archs, root: Path | None = None) -> str:
     """The code identity of a run that builds ``archs`` (its model; in ``flops`` mode also the reference arch):
     adding an architecture or editing one family's module changes no other family's runs."""
-    parts = code_parts(archs)
+    parts = code_parts(archs, root)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
