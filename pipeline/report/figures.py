@@ -1,8 +1,8 @@
 """Figures from aggregated frames (no file access: the stage saves them with :func:`pipeline.io.save_figure`).
 
 One style per architecture in every panel of every figure (:func:`style`: a colour from a colour-blind-safe
-list, fixed by the order of :data:`pipeline.archs.ARCHS`, and a marker per family, so two similar colours in
-different families still differ). One legend per figure, outside the axes so it never covers data. Error bars
+list, fixed by the order of :data:`pipeline.archs.ARCHS`, and a marker per figure panel (a family; the DeiT
+students apart), so two similar colours in different families still differ). One legend per figure, outside the axes so it never covers data. Error bars
 are the report's intervals (Student-t over seeds); bimodal cells carry "k/n". Text is >= 8 pt at the saved size
 and no tick label is rotated. A figure function returns None when it has nothing to draw: the report then writes
 no file and lists the figure as not run (an empty canvas says nothing).
@@ -29,7 +29,7 @@ FONT = 9  # points; the embedded figures are viewed at 100%
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#882255", "#999933", "#332288",
            "#44AA99", "#AA4499", "#000000", "#CC6677", "#117733", "#777777", "#DDAA33", "#EE3377", "#6699CC",
            "#661100", "#88CCEE", "#BBBBBB")
-FAMILY_MARKER = {"vit": "o", "swin": "s", "resnet": "^", "mixer": "X", "convmixer": "P"}
+PANEL_MARKER = {"vit": "o", "deit": "D", "swin": "s", "resnet": "^", "mixer": "X", "convmixer": "P"}
 GRID_ALPHA = 0.3
 
 plt.rcParams.update({"font.size": FONT, "axes.titlesize": FONT, "axes.labelsize": FONT, "xtick.labelsize": 8,
@@ -46,16 +46,18 @@ def arch_order() -> list[str]:
     return names + [a for a in FALLBACK_ORDER if a not in names]
 
 
-def family(arch: str) -> str:
-    """pipeline.archs' family; a student not listed there (deit_vit) by its name's first part."""
+def panel(arch: str) -> str:
+    """The figure group of ``arch``: its family in pipeline.archs, except that the DeiT students (``deit*``: a
+    distillation question, not an architecture one) get their own; a name not listed there by its first part."""
+    if arch.startswith("deit"):
+        return "deit"
     try:
         from pipeline.archs import ARCHS
         if arch in ARCHS:
             return ARCHS[arch].family
     except ImportError:
         pass
-    head = arch.split("_")[0]
-    return head if head in FAMILY_MARKER else arch
+    return arch.split("_")[0]
 
 
 def colour(arch: str) -> str:
@@ -67,7 +69,7 @@ def colour(arch: str) -> str:
 
 def style(arch: str) -> dict:
     """Matplotlib keywords for one architecture: its colour and its family's marker."""
-    return {"color": colour(arch), "marker": FAMILY_MARKER.get(family(arch), "o")}
+    return {"color": colour(arch), "marker": PANEL_MARKER.get(panel(arch), "o")}
 
 
 def _legend(fig, archs, extra: tuple = (), loc: str = "outside right upper") -> None:
@@ -226,10 +228,10 @@ def cell_figure(cells: pd.DataFrame, floors: dict[str, float]):
 
 
 # --------------------------------------------------------------------------- accuracy vs one factor
-def _family_groups(archs: list[str]) -> list[tuple[str, list[str]]]:
+def _panel_groups(archs: list[str]) -> list[tuple[str, list[str]]]:
     groups: dict[str, list[str]] = {}
     for a in archs:
-        groups.setdefault(family(a), []).append(a)
+        groups.setdefault(panel(a), []).append(a)
     return list(groups.items())
 
 
@@ -254,11 +256,12 @@ def factor_figure(curve: pd.DataFrame, xlabel: str, title: str, floor: float | N
                   shade: tuple[float, float] | None = None, shade_label: str = "training range",
                   vlines: tuple[tuple[float, str], ...] = (), panels: bool = False):
     """Test accuracy vs one factor, one line per architecture (measurement); dotted: the shortcut floor.
-    ``panels``: one panel per family (the other families in light grey behind), so many lines stay apart."""
+    ``panels``: one panel per family, the DeiT students apart (:func:`panel`; the others in light grey behind),
+    so many lines stay apart."""
     if curve.empty:
         return None
     archs = _sorted_archs(curve)
-    groups = _family_groups(archs) if panels else [("", archs)]
+    groups = _panel_groups(archs) if panels else [("", archs)]
     cols = min(3, len(groups))
     rows = -(-len(groups) // cols)
     w, h = (3.4, 2.7) if panels else (5.6, 3.4)
