@@ -4,8 +4,9 @@ One style per architecture in every panel of every figure (:func:`style`: a colo
 list, fixed by the order of :data:`pipeline.archs.ARCHS`, and a marker per figure panel (a family; the DeiT
 students apart), so two similar colours in different families still differ). One legend per figure, outside
 the axes so it never covers data. Error bars are the report's intervals (Student-t over seeds); bimodal cells
-carry "k/n". Text is >= 8 pt at the saved size and no tick label is rotated. A figure function returns None when it has nothing to draw: the report then writes
-no file and lists the figure as not run (an empty canvas says nothing).
+carry "k/n". Text is >= 8 pt at the saved size and no tick label is rotated. A figure function returns None
+when it has nothing to draw: the report then writes no file and lists the figure as not run (an empty canvas
+says nothing).
 """
 
 from __future__ import annotations
