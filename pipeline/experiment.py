@@ -28,7 +28,7 @@ from pipeline.config import Params
 from pipeline.errors import ConfigError, StageError
 from pipeline.executor import RunFailed, map_runs
 from pipeline.grid import RunSpec, at_main_budget
-from pipeline.io import write_json, write_with
+from pipeline.io import exclusive, write_json, write_with
 from pipeline.provenance import (
     PROVENANCE,
     WEIGHTS,
@@ -418,7 +418,7 @@ def execute(specs: list[RunSpec], params: Params, stage: str, ckpt_root: Path, p
     print(f"[{datetime.now():%H:%M:%S}] == {stage}: {len(specs)} runs on {params.train.runtime.workers} worker(s)",
           flush=True)
     check_inputs(specs, params)
-    with tracking.stage_run(params, stage, stage) as tracker:
+    with exclusive(ckpt_root, f"the {stage} stage"), tracking.stage_run(params, stage, stage) as tracker:
         jobs, run_ids, results = _open(specs, params, tracker)
         pending = {j.spec.name: j for j in jobs}
         try:

@@ -179,3 +179,33 @@ def _jsonable(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+@contextmanager
+def exclusive(folder: Path, what: str) -> Iterator[None]:
+    """Hold a lock on ``folder`` while a stage writes into it; a second holder is refused in one line.
+
+    The lock file lives in the system temp folder (keyed by the folder's resolved path), not in the folder:
+    a DVC output must hold only what the stage writes. The kernel releases the lock when its process dies,
+    so a killed stage never leaves one behind.
+    """
+    import fcntl  # POSIX only, as the rest of the pipeline
+
+    key = hashlib.sha256(str(Path(folder).resolve()).encode()).hexdigest()[:16]
+    path = Path(tempfile.gettempdir()) / f"bias-{key}.lock"
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise StageError(f"{folder}: {what} is already running on it ({holder}; lock {path})") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+

@@ -541,3 +541,25 @@ def test_other_os_errors_are_not_hidden():
 
     with pytest.raises(OSError, match="disk on fire"):
         broken([])
+
+
+@pytest.mark.parametrize("stage", ["train", "teacher"])
+def test_a_second_stage_on_the_same_outputs_is_refused(stage, copy_workspace, capsys):
+    # Started by hand beside one already writing the same checkpoints, a stage refuses in one line naming the
+    # folder and the lock, before any MLflow run or file is touched (two stages would train the same runs twice).
+    from pipeline.io import exclusive
+
+    ws = copy_workspace
+    plant_results(ws)
+    files = snapshot(ws)
+    ckpt = Path(dict(zip(argv(stage, ws)[::2], argv(stage, ws)[1::2], strict=True))["--ckpt"])
+    capsys.readouterr()
+    with exclusive(ckpt, f"the {stage} stage"), mlflow_store(ws):
+        code = STAGES[stage].main(argv(stage, ws))
+    lines = capsys.readouterr().err.splitlines()
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"error: {ckpt}: the {stage} stage is already running on it (pid ")
+    assert ".lock" in lines[0]
+    assert snapshot(ws) == files
+    with exclusive(ckpt, "a later stage"):  # released with its holder
+        pass
