@@ -169,6 +169,9 @@ def task_baselines(task: str, patch: int, seed: int) -> list[Baseline]:
     factor, objects = OBJECTS[task]
     out = global_baselines() + token_baselines(patch, seed, position_is_factor=task == "arrangement")
     out += [Baseline(name, uses, factor_onehot(cols), uses_factor) for name, cols, uses, uses_factor in objects]
+    if task == "natural":  # the no-architecture reference: every trained model should clear a linear read of pixels
+        out.append(Baseline("raw_pixels", "every pixel value, one linear classifier (no architecture at all)",
+                            lambda im, f: im.reshape(len(im), -1).astype(np.float32)))
     return out
 
 

@@ -179,3 +179,20 @@ def test_shortcuts_stage_on_generated_data(tmp_path, capsys):
     assert shortcut_stage.main([*argv, "--out", str(fresh)]) == 2
     err = capsys.readouterr().err.strip()
     assert "indices.npz" in err and "\n" not in err and not fresh.exists()
+
+
+def test_natural_floors_include_a_linear_read_of_raw_pixels():
+    # The no-architecture reference of the natural task: a logistic regression on every pixel, counted as a
+    # floor (it does not see a factor label, only the image); on images whose class is one pixel's value it
+    # reads that pixel.
+    from pipeline.shortcuts import fit_score, task_baselines
+
+    raw = {b.name: b for b in task_baselines("natural", P, 0)}["raw_pixels"]
+    assert not raw.uses_factor and "raw_pixels" not in {b.name for b in task_baselines("scale", P, 0)}
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(400, 8, 8, 3), dtype=np.uint8)
+    labels = rng.integers(0, 2, 400)
+    images[:, 3, 5, 1] = 255 * labels  # the class is one pixel's value
+    x = raw.features(images, pd.DataFrame())
+    assert x.shape == (400, 192)
+    assert fit_score(x[:300], labels[:300], x[300:], labels[300:])["acc"] >= 0.95
