@@ -10,6 +10,7 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import tiny_repo
 import yaml
@@ -290,3 +291,15 @@ def test_subgroup_interval_is_over_seeds_not_pooled_items():
     assert (row.seeds, row.n) == (5, 10000) and np.isclose(row.ci_lo, lo) and np.isclose(row.ci_hi, hi)
     one = subgroup_table(recs[:1], 0.95).iloc[0]
     assert np.isnan(one.ci_lo) and np.isnan(one.ci_hi)  # one seed: no interval, not a narrow one
+
+
+def test_natural_level_is_called_a_smoke_test_when_a_vit_sits_near_the_floor():
+    from pipeline.report.natural import evidence_level
+
+    cells = pd.DataFrame({"task": "natural", "data_seed": 0, "arch": ["vit", "vit_nopos", "resnet", "deit"],
+                          "mean": [0.41, 0.52, 0.44, 0.49]})
+    line = evidence_level(cells, floor=0.373)
+    assert line.startswith("**A smoke test, not evidence:** 1 of 3 ViT-family cells") and "vit 0.410" in line
+    assert "resnet" not in line  # a CNN near the floor is not what the line is about
+    assert evidence_level(cells.assign(mean=0.9), floor=0.373) == ""
+    assert evidence_level(cells.iloc[0:0], floor=0.373) == ""

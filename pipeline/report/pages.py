@@ -7,6 +7,7 @@ figures, captions and notes lives here.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -182,6 +183,7 @@ def natural_tables(inp: Inputs, out: Path, main: pd.DataFrame, size_tab: pd.Data
     level = inp.params.report.confidence
     main_runs = [m for m in inp.records if m.get("source") == "runs"]
     contract = natural.position_contract()
+    smoke = natural.evidence_level(main, float((inp.floors.get("natural") or {}).get("floor", math.nan)))
     res_note = ("Seed mean with a Student-t interval over seeds (the seed is the unit of replication). Position "
                 "contract (pipeline/resolution.py):\n\n" + markdown.md_table(contract, "not recorded"))
     return {
@@ -193,8 +195,8 @@ def natural_tables(inp: Inputs, out: Path, main: pd.DataFrame, size_tab: pd.Data
                                              natural.resolution_table(main_runs, level)),
         "literature anchors": _table(out, "anchors", "Literature anchors vs our runs", "Every paper number "
                                      "cites its source table; anchors that could not be traced were dropped. "
-                                     "Ours: CIFAR-10 cell means (paired CIs: the ledger), far smaller models.",
-                                     natural.anchors_table(main, size_tab)),
+                                     "Ours: CIFAR-10 cell means (paired CIs: the ledger), far smaller models."
+                                     + (f"\n\n{smoke}" if smoke else ""), natural.anchors_table(main, size_tab)),
     }
 
 
