@@ -1,7 +1,7 @@
 """Two tune stages' trials side by side: which cells learn under one stop rule and not the other?
 
     python -m bench.tune_compare --before reports/tune/trials.csv --after reports/quick/tune/trials.csv \
-        [--out reports/quick/tune/compared.md] [--params params.yaml]
+        [--out reports/quick/tune/compared.md] [--ledger reports/tables/ledger.csv]
 
 Both files are the tune stage's ``reports/tune/trials.csv`` (one row per arch, task and learning rate: the
 trial's best validation accuracy, its steps and how it stopped). Trials are matched on (arch, task, lr), so
@@ -17,9 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline.config import load_params
 from pipeline.io import write_text
-from pipeline.tasks.natural import CLASSES as CIFAR_CLASSES
 
 
 def compare(before: pd.DataFrame, after: pd.DataFrame, chance: dict[str, float]) -> pd.DataFrame:
@@ -55,11 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--before", type=Path, required=True)
     ap.add_argument("--after", type=Path, required=True)
     ap.add_argument("--out", type=Path)
-    ap.add_argument("--params", type=Path, default=Path("params.yaml"), help="for each task's chance level")
+    ap.add_argument("--ledger", type=Path, default=Path("reports/tables/ledger.csv"),
+                    help="a report's ledger: each task's chance level (its `chance` column)")
     args = ap.parse_args(argv)
-    params = load_params(args.params)
-    chance = {name: 1.0 / getattr(getattr(params.tasks, name), "num_classes", len(CIFAR_CLASSES))
-              for name in params.tasks.names}
+    ledger = pd.read_csv(args.ledger).dropna(subset=["chance"])
+    chance = ledger.groupby("task").chance.first().to_dict()
     table = compare(pd.read_csv(args.before), pd.read_csv(args.after), chance)
     text = page(table, str(args.before), str(args.after))
     if args.out:

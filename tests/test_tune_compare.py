@@ -28,6 +28,8 @@ def test_cells_that_learn_only_under_the_new_rule_are_counted(tmp_path):
 
     before.to_csv(b := tmp_path / "b.csv", index=False)
     after.to_csv(a := tmp_path / "a.csv", index=False)
-    assert main(["--before", str(b), "--after", str(a), "--out", str(tmp_path / "c.md")]) == 0
+    pd.DataFrame({"task": ["alignment", "scale", "scale"], "chance": [0.25, 0.5, None]}).to_csv(
+        led := tmp_path / "ledger.csv", index=False)
+    assert main(["--before", str(b), "--after", str(a), "--ledger", str(led), "--out", str(tmp_path / "c.md")]) == 0
     text = (tmp_path / "c.md").read_text()
     assert "2 cells tried in both" in text and "1 cells learn only after" in text and "| vit " in text
