@@ -199,9 +199,8 @@ def fit(job: Job) -> dict:
     """Train (or resume) one run in this process and evaluate it; returns everything :func:`record` writes."""
     import lightning as L
     import torch
-    from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from pipeline.learner import ArrayData, Criterion, Curves, PhaseTimer, quiet_lightning
+    from pipeline.learner import ArrayData, quiet_lightning
     from pipeline.models import build_model
 
     quiet_lightning()
@@ -221,16 +220,8 @@ def fit(job: Job) -> dict:
     steps = budget.optimizer_steps(model, params, split.num_classes, spec.key.budget_mode, spec.key.steps)
     module = _module(model, spec, params, steps, teacher)
     data = ArrayData(split, "fit", recipe.batch_size, rt.eval_batch_size, spec.key.seed, total_steps=steps)
-    ckpt = ModelCheckpoint(dirpath=spec.ckpt_dir, filename="last", save_top_k=1,
-                           every_n_train_steps=rt.checkpoint_every_steps, enable_version_counter=False)
-    curves = Curves(spec.name, steps, rt.log_every_steps, rt.checkpoint_every_steps, spec.ckpt_dir / "last.ckpt")
-    timer = PhaseTimer()
-    c = params.train.criterion
-    stop = (Criterion(c.accuracy, c.hold, c.patience, c.min_delta, c.min_steps, c.plateau_above,
-                      chance=1 / split.num_classes)
-            if spec.key.budget_mode == "criterion" else None)
-    # the stop rule before the curves: its state is in the checkpoint Curves saves after a validation
-    trainer = _trainer(job, steps, [timer, *([stop] if stop else []), ckpt, curves])
+    timer, stop, curves, callbacks = _callbacks(spec, params, steps, split.num_classes)
+    trainer = _trainer(job, steps, callbacks)
     start = int(torch.load(job.resume_from, weights_only=True)["global_step"]) if job.resume_from else 0
     t0 = time.perf_counter()
     try:
@@ -256,6 +247,24 @@ def fit(job: Job) -> dict:
             "provenance": {**data_provenance(manifest, train_idx), "teacher": record},
             "num_classes": split.num_classes, "state_dict": {k: v.detach().cpu() for k, v in
                                                               model.state_dict().items()}}
+
+
+def _callbacks(spec: RunSpec, params: Params, steps: int, num_classes: int) -> tuple:
+    """``(phase timer, stop rule or None, curves, every callback in order)`` of one run."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from pipeline.learner import Criterion, Curves, PhaseTimer
+
+    rt, c = params.train.runtime, params.train.criterion
+    ckpt = ModelCheckpoint(dirpath=spec.ckpt_dir, filename="last", save_top_k=1,
+                           every_n_train_steps=rt.checkpoint_every_steps, enable_version_counter=False)
+    curves = Curves(spec.name, steps, rt.log_every_steps, rt.checkpoint_every_steps, spec.ckpt_dir / "last.ckpt")
+    timer = PhaseTimer()
+    stop = (Criterion(c.accuracy, c.hold, c.patience, c.min_delta, c.min_steps, c.plateau_above,
+                      chance=1 / num_classes)
+            if spec.key.budget_mode == "criterion" else None)
+    # the stop rule before the curves: its state is in the checkpoint Curves saves after a validation
+    return timer, stop, curves, [timer, *([stop] if stop else []), ckpt, curves]
 
 
 # --------------------------------------------------------------------------- evaluate (pure)
