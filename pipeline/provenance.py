@@ -8,6 +8,7 @@ not the ones recorded.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import pickle
@@ -48,6 +49,13 @@ def code_parts(archs, root: Path | None = None) -> dict[str, str]:
 def code_sha256(archs, root: Path | None = None) -> str:
     """The code identity of a run that builds ``archs`` (its model; in ``flops`` mode also the reference arch):
     adding an architecture or editing one family's module changes no other family's runs."""
+    return _code_sha256(tuple(archs), root)
+
+
+@functools.cache
+def _code_sha256(archs: tuple[str, ...], root: Path | None) -> str:
+    # once per process and arch set: a stage asks for every run's identity, tags and record (the files do not
+    # change while it runs; a test that edits a copy passes that copy's root)
     parts = code_parts(archs, root)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 

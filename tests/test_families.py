@@ -72,12 +72,14 @@ def test_adding_an_architecture_changes_no_existing_run(monkeypatch):
 
 
 def test_editing_one_family_module_changes_that_familys_runs_only(tmp_path):
-    # A copy of the package with one line added to the Swin module: the Swin runs' identity moves, no other's.
-    copy = tmp_path / "pipeline"
-    shutil.copytree(ROOT / "pipeline", copy, ignore=shutil.ignore_patterns("__pycache__"))
-    before = {a: code_sha256([a], copy) for a in ARCHS}
-    with (copy / "families/swin.py").open("a") as f:
+    # Two copies of the package, one with a line added to the Swin module: the Swin runs' identity moves, no
+    # other's (identities are cached per package root, as a stage computes them once).
+    same, edited = tmp_path / "same" / "pipeline", tmp_path / "edited" / "pipeline"
+    for copy in (same, edited):
+        shutil.copytree(ROOT / "pipeline", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    with (edited / "families/swin.py").open("a") as f:
         f.write("# an edit\n")
-    changed = {a for a in ARCHS if code_sha256([a], copy) != before[a]}
+    before = {a: code_sha256([a], same) for a in ARCHS}
+    changed = {a for a in ARCHS if code_sha256([a], edited) != before[a]}
     assert changed == {a for a, info in ARCHS.items() if info.family == "swin"}
-    assert before == {a: code_sha256([a]) for a in ARCHS}  # the copy hashes as the package itself
+    assert before == {a: code_sha256([a]) for a in ARCHS}  # a copy hashes as the package itself
