@@ -2,7 +2,7 @@
 
 A family is what its builder, FLOP formula, token count, token graph and resolution mapping share; an
 architecture is a row of :data:`pipeline.archs.ARCHS` that names a family and its options. Adding a variant
-is one row; adding a family is one module here, one line in :data:`FAMILIES` and its rows. A run's code
+is one row; adding a family is one module here, its entry in ``_MODULES`` and its rows. A run's code
 identity (:func:`source`) is its own family's module, not every family's, so adding or editing one family
 retrains that family's runs only.
 """

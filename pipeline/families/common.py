@@ -7,6 +7,7 @@ FLOPs follow :mod:`pipeline.budget`'s convention (2 per multiply-add of matmul-t
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
@@ -24,8 +25,8 @@ class Family:
     timm attribute names. A piece left out is refused when the family module is imported, by name.
 
     * ``classes``: the module types ``build`` returns (how a built model finds its family);
-    * ``options``: the option names ``build`` reads (an architecture row naming another is refused);
-    * ``build(params, num_classes, width, **options) -> nn.Module``; ``width_step(params, **options) -> int``;
+    * ``build(params, num_classes, width, **options) -> nn.Module``: its keyword arguments are the family's
+      :attr:`options` (an architecture row naming another is refused); ``width_step(params, **options) -> int``;
     * ``flops(params, width, num_classes, **options) -> int``: forward FLOPs per image, equal to torch's counter;
     * ``tokens(params, **options) -> int``: image tokens the first layer sees, from the geometry alone;
     * ``chain(model, image_size) -> list[Layer]``: the token graph the reachability check measures;
@@ -36,7 +37,6 @@ class Family:
 
     name: str
     classes: tuple[type[nn.Module], ...]
-    options: set[str]
     build: Callable[..., nn.Module]
     width_step: Callable[..., int]
     flops: Callable[..., int]
@@ -51,10 +51,15 @@ class Family:
             value = getattr(self, f.name)
             if f.name == "resize" and value is None:
                 continue
-            if value is None or (f.name not in ("name", "classes", "options") and not callable(value)):
+            if value is None or (f.name not in ("name", "classes") and not callable(value)):
                 raise TypeError(f"family {self.name!r}: {f.name} is missing (None or not callable)")
         if not self.classes:
             raise TypeError(f"family {self.name!r}: classes is empty (which modules does build return?)")
+
+    @property
+    def options(self) -> set[str]:
+        """The option names ``build`` reads: its parameters after (params, num_classes, width)."""
+        return set(list(inspect.signature(self.build).parameters)[3:])
 
 
 # --------------------------------------------------------------------------- FLOP primitives

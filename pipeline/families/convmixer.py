@@ -49,7 +49,7 @@ def chain(model: ConvMixer, image_size: int) -> list[Layer]:
 
 
 FAMILY = Family(
-    name="convmixer", classes=(ConvMixer,), options={"kernel"},
+    name="convmixer", classes=(ConvMixer,),
     build=build, width_step=lambda params, **_: 1, flops=flops, tokens=lambda params, **_: params.geometry.grid**2,
     chain=chain, position=lambda model: "conv", size_step=lambda model: int(model.stem[0].kernel_size[0]),
     resize=lambda model, size, params, arch: None,  # convolutions and a global pool: nothing to map

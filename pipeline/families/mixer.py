@@ -45,7 +45,7 @@ def chain(model: MlpMixer, image_size: int) -> list[Layer]:
 
 
 FAMILY = Family(
-    name="mixer", classes=(MlpMixer,), options=set(),
+    name="mixer", classes=(MlpMixer,),
     build=build, width_step=lambda params, **_: 2,  # the token MLP's hidden size is half the width
     flops=flops, tokens=lambda params, **_: params.geometry.grid**2, chain=chain,
     position=lambda model: "grid", size_step=lambda model: int(model.stem.patch_size[0]),

@@ -90,7 +90,7 @@ def chain(model: ResNet, image_size: int) -> list[Layer]:
 
 
 FAMILY = Family(
-    name="resnet", classes=(ResNet,), options={"downsample"},
+    name="resnet", classes=(ResNet,),
     build=build, width_step=lambda params, **_: 2,  # the stem width goes through timm's deep stem (2 * stem_width)
     flops=flops, tokens=lambda params, **_: params.geometry.image_size ** 2,  # pixel positions
     chain=chain, position=lambda model: "conv", size_step=lambda model: 1,

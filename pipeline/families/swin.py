@@ -174,7 +174,7 @@ def block_layout(model: SwinTransformer) -> list[BlockLayout]:
 
 
 FAMILY = Family(
-    name="swin", classes=(SwinTransformer,), options={"shift", "local"},
+    name="swin", classes=(SwinTransformer,),
     build=build, width_step=width_step, flops=flops, tokens=tokens, chain=chain,
     position=lambda model: "swin", size_step=size_step, resize=resize,
 )

@@ -221,7 +221,7 @@ def resize(model: VisionTransformer, size: int, params: Params, arch: str) -> No
 
 
 FAMILY = Family(
-    name="vit", classes=(VisionTransformer,), options={"position", "embed", "mix", "distilled"},
+    name="vit", classes=(VisionTransformer,),
     build=build, width_step=width_step, flops=flops, tokens=tokens, chain=chain,
     position=position, size_step=size_step, resize=resize,
 )
