@@ -28,6 +28,7 @@ from pathlib import Path
 
 from pipeline.errors import ConfigError, StageError
 from pipeline.io import read_json
+from pipeline.schemas import REPORT_SUMMARY
 
 
 def _bin(name: str) -> str:
@@ -61,7 +62,7 @@ def smoke(args: argparse.Namespace) -> int:
             sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
             print(f"smoke: dvc repro failed (exit {proc.returncode}) in {dest}", file=sys.stderr)
             return proc.returncode
-        ledger = read_json(dest / "reports" / "summary.json", required={"ledger": dict})["ledger"]
+        ledger = read_json(dest / "reports" / "summary.json", REPORT_SUMMARY)["ledger"]
         counts = ", ".join(f"{n} {verdict}" for verdict, n in ledger.items() if n)
         where = f"; report {dest / 'reports' / 'README.md'}" if args.keep else ""
         print(f"smoke: the whole DAG ran in {time.perf_counter() - t0:.0f} s; ledger rows: {counts}{where}",

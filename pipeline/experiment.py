@@ -28,7 +28,7 @@ from pipeline.config import Params
 from pipeline.errors import ConfigError, StageError
 from pipeline.executor import RunFailed, map_runs
 from pipeline.grid import RunSpec, at_main_budget
-from pipeline.io import exclusive, write_json, write_with
+from pipeline.io import exclusive, read_json, write_json, write_with
 from pipeline.provenance import (
     PROVENANCE,
     WEIGHTS,
@@ -41,6 +41,7 @@ from pipeline.provenance import (
     run_archs,
     run_params,
 )
+from pipeline.schemas import CHECKPOINT_CONFIG, RUN_METRICS
 from pipeline.split import load_split, subset, training_indices
 
 
@@ -101,9 +102,11 @@ def identity(spec: RunSpec, params: Params) -> str:
 def finished(spec: RunSpec, ident: str) -> dict | None:
     """The metrics of an identical run that already finished (an interrupted stage skips it on rerun)."""
     path = spec.out_dir / "metrics.json"
+    if not path.exists():
+        return None
     try:
-        metrics = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        metrics = read_json(path, RUN_METRICS)
+    except StageError:  # not a finished run's record (cut short, or edited): the run trains again
         return None
     return metrics if metrics.get("identity") == ident and (spec.out_dir / WEIGHTS).exists() else None
 
@@ -122,15 +125,20 @@ def prepare_ckpt(ckpt_dir: Path, ident: str, uri: str) -> tuple[Path | None, str
     """Keep a checkpoint (and the MLflow run it belongs to) only if it was made under this identity.
 
     A run killed before its first checkpoint, or whose identity changed, is marked KILLED in MLflow
-    instead of being left RUNNING forever.
+    instead of being left RUNNING forever. A ``config.json`` of the wrong shape (the folder is the stage's
+    own scratch space) makes the checkpoint untrusted: it is discarded, with one line naming the field.
     """
     stamp = ckpt_dir / "config.json"
     if stamp.exists():
-        saved = json.loads(stamp.read_text())
+        try:
+            saved = read_json(stamp, CHECKPOINT_CONFIG)
+        except StageError as err:
+            print(f"  warning: {err}; its checkpoint is discarded and the run starts over", flush=True)
+            saved = {"identity": None, "mlflow_run_id": None}
         last = ckpt_dir / "last.ckpt"
-        if saved.get("identity") == ident and _readable(last):
-            return last, saved.get("mlflow_run_id")
-        if saved.get("mlflow_run_id"):
+        if saved["identity"] == ident and _readable(last):
+            return last, saved["mlflow_run_id"]
+        if saved["mlflow_run_id"]:
             tracking.end_stale_run(saved["mlflow_run_id"], uri)
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     ckpt_dir.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,8 @@ import numpy as np
 from pipeline.archs import ARCHS
 from pipeline.errors import StageError
 from pipeline.grid import at_main_budget
-from pipeline.io import sha256_bytes, sha256_file
+from pipeline.io import read_json, sha256_bytes, sha256_file
+from pipeline.schemas import TEACHER_PROVENANCE
 
 WEIGHTS = "weights.pt"  # every run's final state_dict; a teacher's is what its students load
 PROVENANCE = "provenance.json"
@@ -147,12 +148,7 @@ def read_teacher(teacher_dir: Path, task: str) -> tuple[dict, Path]:
     for path in (record_path, weights):
         if not path.exists():
             raise StageError(f"{path}: teacher file missing (run the teacher stage: dvc repro)")
-    try:
-        record = json.loads(record_path.read_text())
-        record["checkpoint_sha256"]
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise StageError(f"{record_path}: unreadable teacher provenance ({err})") from None
-    return record, weights
+    return read_json(record_path, TEACHER_PROVENANCE), weights
 
 
 def load_teacher(teacher_dir: Path, task: str, params, num_classes: int):

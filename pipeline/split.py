@@ -6,7 +6,6 @@ Data code, apart from the orchestration in :mod:`pipeline.experiment` and the Li
 
 from __future__ import annotations
 
-import json
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +15,9 @@ import numpy as np
 from pipeline.config import Params
 from pipeline.errors import StageError
 from pipeline.grid import RunSpec
-from pipeline.io import sha256_bytes
+from pipeline.io import read_json, sha256_bytes
 from pipeline.provenance import index_sha256
+from pipeline.schemas import SLICE_MANIFEST, TASK_META
 
 
 @dataclass(frozen=True)
@@ -47,15 +47,13 @@ def load_split(spec: RunSpec, verify: bool = False) -> tuple[Split, dict]:
         labels = np.load(current := files["labels"], allow_pickle=False)
         with np.load(current := files["indices"], allow_pickle=False) as z:
             indices = {k: z[k] for k in z.files}
-        meta = json.loads((current := files["meta"]).read_text())
-        manifest = json.loads((current := files["manifest"]).read_text())
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
         raise StageError(f"{current}: unreadable ({type(err).__name__}: {err})") from None
+    meta, manifest = read_json(files["meta"], TASK_META), read_json(files["manifest"], SLICE_MANIFEST)
     if images.ndim != 4 or images.dtype != np.uint8 or len(images) != len(labels):
         raise StageError(f"{files['images']}: expected uint8 (N,H,W,C) matching labels, got "
                          f"{images.dtype} {images.shape} vs {labels.shape}")
-    source = manifest.get("source", {}) if isinstance(manifest, dict) else {}
-    if source.get("images_sha256") != meta.get("sha256", {}).get("images"):
+    if manifest["source"]["images_sha256"] != meta["sha256"]["images"]:
         # valid files, but the slices describe another generation of the pool (data regenerated after slicing)
         raise StageError(f"{files['indices']}: sliced from other images than {files['images']} "
                          f"(manifest.json source.images_sha256 differs from meta.json); rerun the slice stage")
@@ -71,14 +69,13 @@ def verify_split(images: np.ndarray, labels: np.ndarray, indices: dict, meta: di
     """The arrays are the ones the data and slice stages wrote: images and labels hash to ``meta.json``'s
     sha256, every index array to ``manifest.json``'s, and every index lies inside the pool. A mismatch names
     the file (tampered labels or a negative index would otherwise train silently)."""
-    recorded = meta.get("sha256") or {}
     for name, arr in (("images", images), ("labels", labels)):
-        if sha256_bytes(np.ascontiguousarray(arr).tobytes()) != recorded.get(name):
+        if sha256_bytes(np.ascontiguousarray(arr).tobytes()) != meta["sha256"][name]:
             raise StageError(f"{files[name]}: sha256 differs from {files['meta']} (modified after the data stage?); "
                              f"rerun it: dvc repro")
-    arrays = manifest.get("arrays") or {}
+    arrays = manifest["arrays"]
     for name, idx in indices.items():
-        if name not in arrays or index_sha256(idx) != arrays[name].get("sha256"):
+        if index_sha256(idx) != (arrays.get(name) or {}).get("sha256"):
             raise StageError(f"{files['indices']}: {name} does not hash to {files['manifest']}'s record "
                              f"(modified after the slice stage?); rerun it: dvc repro")
         if len(idx) and (idx.min() < 0 or idx.max() >= len(labels)):

@@ -17,6 +17,7 @@ from pipeline.config import Params
 from pipeline.errors import StageError
 from pipeline.grid import cells
 from pipeline.io import check_field, read_json
+from pipeline.schemas import TUNE_CHOICE
 
 COLUMNS = ["arch", "task", "lr", "val_acc", "steps_done", "stop_reason"]
 
@@ -54,7 +55,7 @@ def choice_record(params: Params, chosen: pd.DataFrame | None) -> dict:
 
 def read_choice(path: Path, params: Params) -> dict[tuple[str, str], float]:
     """The tuned learning rate of every configured cell from the tune stage's ``choice.json``."""
-    record = read_json(path, {"lrs": dict})
+    record = read_json(path, TUNE_CHOICE)
     out = {}
     for arch, task in cells(params):
         if f"{arch}/{task}" not in record["lrs"]:

@@ -197,6 +197,22 @@ def tamper_images(ws: Path) -> None:
     np.save(path, images)
 
 
+DROP = object()
+
+
+def reshape(rel: str, key: str, value=DROP) -> Callable[[Path], None]:
+    """Set (or drop) top-level ``key`` of a JSON file: valid JSON of another shape than pipeline.schemas says."""
+    def apply(ws: Path) -> None:
+        path = ws / rel
+        obj = json.loads(path.read_text())
+        if value is DROP:
+            del obj[key]
+        else:
+            obj[key] = value
+        path.write_text(json.dumps(obj))
+    return apply
+
+
 def recode(encoding: str) -> Callable[[Path], None]:
     """params.yaml's own text saved in another encoding."""
     def apply(ws: Path) -> None:
@@ -336,7 +352,7 @@ CASES = [
     Case("params-empty", "generate", write("params.yaml", b"{}\n"), ("params.yaml",)),
     # files: missing, truncated, wrong format
     Case("meta-missing", "train", remove("data/tasks/alignment/meta.json"), ("meta.json", "missing")),
-    Case("meta-truncated", "train", truncate("data/tasks/alignment/meta.json"), ("meta.json", "unreadable")),
+    Case("meta-truncated", "train", truncate("data/tasks/alignment/meta.json"), ("meta.json", "not JSON")),
     Case("images-truncated", "train", truncate("data/tasks/alignment/images.npy"), ("images.npy", "unreadable")),
     Case("images-wrong-dtype", "train", images_as_float, ("images.npy", "uint8")),
     Case("indices-truncated", "train", truncate("data/slices/alignment/indices.npz"), ("indices.npz", "unreadable")),
@@ -344,6 +360,24 @@ CASES = [
     Case("factors-missing", "slice", remove("data/tasks/alignment/factors.csv"), ("factors.csv",)),
     Case("labels-missing", "slice", remove("data/tasks/alignment/labels.npy"), ("labels.npy",)),
     Case("meta-not-json", "slice", write("data/tasks/alignment/meta.json", b"\x00\x01"), ("alignment",)),
+    # files: valid JSON of the wrong shape (each reader checks its file's shape in pipeline.schemas)
+    Case("meta-a-list", "slice", write("data/tasks/alignment/meta.json", b'[{"task": "alignment"}]'),
+         ("meta.json", "should hold a JSON object")),
+    Case("meta-no-hashes", "train", reshape("data/tasks/alignment/meta.json", "sha256"),
+         ("meta.json", "missing key 'sha256'")),
+    Case("meta-classes-a-string", "slice",
+         reshape("data/tasks/alignment/meta.json", "num_classes", "4"),
+         ("meta.json", "'num_classes' should be an integer, not a string")),
+    Case("manifest-no-arrays", "train", reshape("data/slices/alignment/manifest.json", "arrays"),
+         ("manifest.json", "missing key 'arrays'")),
+    Case("manifest-source-a-list", "train",
+         reshape("data/slices/alignment/manifest.json", "source", []),
+         ("manifest.json", "'source' should be a mapping")),
+    Case("teacher-provenance-no-model", "train", reshape(f"{TEACHER}/provenance.json", "model"),
+         ("provenance.json", "missing key 'model'")),
+    Case("teacher-provenance-hash-null", "train",
+         reshape(f"{TEACHER}/provenance.json", "checkpoint_sha256", None),
+         ("provenance.json", "'checkpoint_sha256' should be a string, not null")),
     # files: valid, but from another run
     Case("slices-stale", "train", regenerate_data, ("indices.npz", "rerun the slice stage")),
     Case("teacher-stale", "train", both(regenerate_data, reslice), ("provenance.json", "rerun the teacher stage")),

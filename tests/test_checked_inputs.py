@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import tiny_repo
 
+from pipeline import schemas
 from pipeline.config import SEED_MAX, load_params, parse_params
 from pipeline.errors import ConfigError, StageError
 from pipeline.io import read_json
@@ -148,17 +149,6 @@ def test_report_refuses_metrics_of_the_wrong_shape(tmp_path, metrics, message):
     assert str(path) in str(err.value)
 
 
-# JSON readers that still parse without a shape: frozen train-side code (issue 31), to move to io.read_json with a
-# `required` shape. A new reader fails the test below until it uses read_json (or is listed here, with why).
-UNCHECKED_JSON_READERS = {
-    ("pipeline/split.py", "load_split"),  # meta.json, manifest.json
-    ("pipeline/experiment.py", "finished"),  # a run's metrics.json
-    ("pipeline/experiment.py", "prepare_ckpt"),  # a checkpoint's config.json
-    ("pipeline/provenance.py", "read_teacher"),  # a teacher's provenance.json
-    ("pipeline/stages/slice.py", "load_task"),  # meta.json
-}
-
-
 class JsonReaders(ast.NodeVisitor):
     """(function, line) of every json.load/json.loads call, named by its innermost function."""
 
@@ -180,13 +170,50 @@ class JsonReaders(ast.NodeVisitor):
 
 
 def test_every_json_reader_checks_a_shape():
-    readers = set()
+    """JSON is parsed in one place (io.read_json), and every call names a shape from pipeline.schemas: a new
+    reader that parses on its own, or passes no shape, fails here."""
+    shapes = {name for name in vars(schemas) if name.isupper()} | {"shape"}  # "shape": a wrapper's parameter
+    parsers, unshaped = set(), []
     for module in sorted((ROOT / "pipeline").rglob("*.py")):
+        tree, rel = ast.parse(module.read_text()), str(module.relative_to(ROOT))
         visitor = JsonReaders()
-        visitor.visit(ast.parse(module.read_text()))
-        readers |= {(str(module.relative_to(ROOT)), name) for name, _ in visitor.found}
-    readers.discard(("pipeline/io.py", "read_json"))
-    assert readers == UNCHECKED_JSON_READERS, "read it with pipeline.io.read_json(path, required={...})"
+        visitor.visit(tree)
+        parsers |= {(rel, name) for name, _ in visitor.found}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) in
+                    ("read_json", "read_checked") and rel != "pipeline/io.py"):
+                given = node.args[1:2] + [k.value for k in node.keywords if k.arg in ("shape", "required")]
+                if not (given and isinstance(given[0], ast.Name) and given[0].id in shapes):
+                    unshaped.append(f"{rel}:{node.lineno}")
+    assert parsers == {("pipeline/io.py", "read_json")}, "read JSON with pipeline.io.read_json(path, <shape>)"
+    assert not unshaped, f"pass a shape from pipeline.schemas: {unshaped}"
+
+
+@pytest.mark.parametrize("content", [b"[]", b'{"identity": 3, "mlflow_run_id": null}', b'{"mlflow_run_id": "x"}'])
+def test_checkpoint_config_of_the_wrong_shape_is_discarded_in_one_line(tmp_path, capsys, content):
+    """The checkpoint folder is the stage's scratch space: an untrusted config.json costs the run its
+    checkpoint (it starts over), never a traceback."""
+    from pipeline.experiment import prepare_ckpt
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_bytes(content)
+    (ckpt / "last.ckpt").write_bytes(b"not trusted")
+    assert prepare_ckpt(ckpt, "abc", "sqlite:///unused.db") == (None, None)
+    assert list(ckpt.iterdir()) == []
+    (line,) = capsys.readouterr().out.splitlines()
+    assert str(ckpt / "config.json") in line and "discarded" in line
+
+
+@pytest.mark.parametrize("content", [b"[]", b'{"identity": "abc"}', b"{"])
+def test_metrics_that_are_not_a_finished_record_rerun_the_run(tmp_path, content):
+    from types import SimpleNamespace
+
+    from pipeline.experiment import WEIGHTS, finished
+
+    (tmp_path / "metrics.json").write_bytes(content)
+    (tmp_path / WEIGHTS).write_bytes(b"w")
+    assert finished(SimpleNamespace(out_dir=tmp_path), "abc") is None
 
 
 def test_interrupted_stage_is_one_line(capsys):

@@ -18,10 +18,9 @@ import numpy as np
 import pandas as pd
 
 from pipeline.errors import StageError
+from pipeline.io import Shape
 from pipeline.io import read_json as read_checked
-
-# What the report needs of every metrics.json (other keys are optional, read where used).
-METRICS = {"task": str, "arch": str, "seed": int, "train_size": int, "test_acc": float}
+from pipeline.schemas import RUN_METRICS, SHORTCUT_FLOORS, TEACHER_PROVENANCE
 
 
 def read_metrics(root: Path | None, source: str) -> list[dict]:
@@ -30,7 +29,7 @@ def read_metrics(root: Path | None, source: str) -> list[dict]:
         return []
     out = []
     for path in sorted(root.rglob("metrics.json")):
-        m = read_checked(path, METRICS)
+        m = read_checked(path, RUN_METRICS)
         pred = path.parent / "predictions.npz"
         k = m.get("num_classes")
         if k is None and pred.exists():  # older runs did not record it
@@ -121,7 +120,8 @@ def read_floors(shortcuts_dir: Path | None, tasks: list[str]) -> dict[str, dict]
     """task -> data/shortcuts/<task>/floors.json (the shortcut floors; absent tasks are left out)."""
     out = {}
     for task in tasks:
-        if (rec := read_json(shortcuts_dir / task / "floors.json" if shortcuts_dir else None)) is not None:
+        path = shortcuts_dir / task / "floors.json" if shortcuts_dir else None
+        if (rec := read_json(path, SHORTCUT_FLOORS)) is not None:
             out[task] = rec
     return out
 
@@ -145,17 +145,17 @@ def teacher_disagreement(teachers_dir: Path | None) -> dict[tuple[str, str], flo
         return {}
     out = {}
     for path in sorted(teachers_dir.glob("*/*/provenance.json")):
-        rate = _find_rate(read_checked(path))
+        rate = _find_rate(read_checked(path, TEACHER_PROVENANCE))
         if rate is not None:
             out[(path.parent.parent.name, path.parent.name)] = rate
     return out
 
 
-def read_json(path: Path | None) -> dict | None:
-    """A JSON mapping, or None when the file is absent (that part of the study was not run)."""
+def read_json(path: Path | None, shape: Shape) -> dict | None:
+    """A JSON mapping of ``shape``, or None when the file is absent (that part of the study was not run)."""
     if path is None or not path.exists():
         return None
-    return read_checked(path)
+    return read_checked(path, shape)
 
 
 def learning_histories(runs: pd.DataFrame, keys: tuple[str, ...] = ("train/loss", "val/acc")) -> pd.DataFrame:

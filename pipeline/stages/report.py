@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pipeline.errors import StageError
 from pipeline.report import ledger, pages, sources
+from pipeline.schemas import INTERFACE_SUMMARY
 from pipeline.stages.common import parse_stage, stage_main
 
 
@@ -39,7 +40,8 @@ def main(argv: list[str] | None = None) -> None:
                            + sources.read_metrics(args.teachers, "teachers")) if configured(m, params)]
     if not records:
         raise StageError(f"no metrics.json under {args.runs} or {args.teachers}: nothing to report")
-    iface = sources.read_json(args.interface / "summary.json" if args.interface else None) or {}
+    iface = sources.read_json(args.interface / "summary.json" if args.interface else None,
+                             INTERFACE_SUMMARY) or {}
     inputs = pages.load(params, records, args.tasks, args.slices, args.shortcuts, args.teachers, iface)
     pages.write_report(inputs, args.out)
 

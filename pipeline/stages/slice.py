@@ -8,22 +8,22 @@ together, or nothing.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from pipeline.errors import ConfigError, StageError
-from pipeline.io import atomic_dir, save_npz, sha256_bytes, sha256_file, write_json
+from pipeline.io import atomic_dir, read_json, save_npz, sha256_bytes, sha256_file, write_json
+from pipeline.schemas import TASK_META
 from pipeline.slicing import make_splits, manifest
 from pipeline.stages.common import parse_stage, stage_main
 from pipeline.tasks import TASKS
 
 
 def load_task(folder: Path) -> tuple[np.ndarray, pd.DataFrame, dict]:
+    meta = read_json(folder / "meta.json", TASK_META)
     try:
-        meta = json.loads((folder / "meta.json").read_text())
         labels = np.load(folder / "labels.npy")
         factors = pd.read_csv(folder / "factors.csv", keep_default_na=False)
     except (OSError, ValueError) as err:
