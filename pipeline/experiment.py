@@ -16,6 +16,7 @@ import hashlib
 import json
 import resource
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -210,6 +211,7 @@ def fit(job: Job) -> dict:
 
     from pipeline.learner import ArrayData, quiet_lightning
     from pipeline.models import build_model
+    from pipeline.predict import to_tensor
 
     quiet_lightning()
     t_run = time.perf_counter()
@@ -254,7 +256,9 @@ def fit(job: Job) -> dict:
             "stop_reason": stop.stop_reason if stop else "cap",
             "provenance": {**data_provenance(manifest, train_idx), "teacher": record},
             "num_classes": split.num_classes, "state_dict": {k: v.detach().cpu() for k, v in
-                                                              model.state_dict().items()}}
+                                                              model.state_dict().items()},
+            # one test image as the network sees it: the MLflow model's input example
+            "example": to_tensor(split.images[split.indices["test"][:1]]).numpy()}
 
 
 def _callbacks(spec: RunSpec, params: Params, steps: int, num_classes: int) -> tuple:
@@ -266,7 +270,8 @@ def _callbacks(spec: RunSpec, params: Params, steps: int, num_classes: int) -> t
     rt, c = params.train.runtime, params.train.criterion
     ckpt = ModelCheckpoint(dirpath=spec.ckpt_dir, filename="last", save_top_k=1,
                            every_n_train_steps=rt.checkpoint_every_steps, enable_version_counter=False)
-    curves = Curves(spec.name, steps, rt.log_every_steps, rt.checkpoint_every_steps, spec.ckpt_dir / "last.ckpt")
+    curves = Curves(spec.name, steps, rt.log_every_steps, rt.checkpoint_every_steps, spec.ckpt_dir / "last.ckpt",
+                    live=spec.ckpt_dir / LIVE)
     timer = PhaseTimer()
     stop = (Criterion(c.accuracy, c.hold, c.patience, c.min_delta, c.min_steps, c.plateau_above,
                       chance=1 / num_classes)
@@ -362,19 +367,46 @@ def _headline(metrics: dict) -> dict:
     return out
 
 
-def record(job: Job, result: dict, tracker: tracking.StageRun, run_id: str) -> dict:
-    """Write the run's files (``metrics.json`` last: its presence marks the run finished) and log it."""
+def run_datasets(spec: RunSpec, metrics: dict) -> list[dict]:
+    """The run's MLflow dataset inputs: its training subset (by the hash of its indices) drawn from the task's
+    pool (by the hash of its images and labels); the test set is the slice stage's, one per pool."""
+    prov, k = metrics["provenance"], spec.key
+    pool = {"pool_sha256": prov["data_sha256"], "task": k.task}
+    return [{"name": f"{k.task}/train_{k.train_size}" + (f"-d{k.data_seed}" if k.data_seed else ""),
+             "context": "training", "digest": prov["train_slice_sha256"], "source": str(spec.slices_dir),
+             "profile": {**pool, "train_slice_sha256": prov["train_slice_sha256"], "images": k.train_size}},
+            {"name": f"{k.task}/pool", "context": "source", "digest": prov["data_sha256"],
+             "source": str(spec.data_dir), "profile": pool}]
+
+
+def trained_model(job: Job, result: dict):
+    """The trained network, rebuilt from its weights in the stage process (strict: a mismatch is an error)."""
+    from pipeline.models import build_model
+
+    model = build_model(job.spec.model, job.params, result["num_classes"])
+    model.load_state_dict(result["state_dict"])
+    return model.eval()
+
+
+def record(job: Job, result: dict, tracker: tracking.StageRun, run_id: str,
+           streamed: frozenset[tuple[int, str]] = frozenset()) -> dict:
+    """Write the run's files (``metrics.json`` last: its presence marks the run finished) and log it.
+
+    ``streamed``: the (step, metric) points :class:`LiveCurves` already logged while it trained."""
     import torch
 
+    from pipeline.learner import val_point
     from pipeline.provenance import teacher_record
 
     spec, ev = job.spec, result["evaluation"]
     metrics = compose(job, result, run_id)
-    series = [*result["series"], *({"step": r["step"], "val/loss": r.get("val_loss"), "val/acc": r.get("val_acc")}
-                                   for r in result["curve"])]
+    series = [{k: v for k, v in p.items() if k == "step" or (p["step"], k) not in streamed}
+              for p in [*result["series"], *map(val_point, result["curve"])]]
     tracker.log(run_id, metrics=_headline(metrics), series=series,
                 tags={"data_sha256": metrics["provenance"]["data_sha256"],
                       "train_slice_sha256": metrics["provenance"]["train_slice_sha256"]})
+    tracker.datasets(run_id, run_datasets(spec, metrics))
+    tracker.model(run_id, trained_model(job, result), example=result["example"])
     weights = write_with(spec.out_dir / WEIGHTS, lambda tmp: torch.save(result["state_dict"], tmp))
     write_with(spec.out_dir / "predictions.npz",
                lambda tmp: np.savez_compressed(tmp.open("wb"), index=ev["test_idx"], logits=ev["logits"]))
@@ -392,6 +424,72 @@ def record(job: Job, result: dict, tracker: tracking.StageRun, run_id: str) -> d
 
 
 # --------------------------------------------------------------------------- orchestration
+LIVE = "live.jsonl"  # in a run's checkpoint folder: its curve points, appended by the worker as they exist
+LIVE_EVERY_S = 2.0  # how often the stage process streams them to MLflow
+
+
+class LiveCurves:
+    """Streams each running run's curve points (``<ckpt>/live.jsonl``) to its MLflow run every ``every_s``
+    seconds, from a thread of the stage process, so the UI shows curves while runs train.
+
+    Best effort: a point it could not log is logged with the run's final record (which skips the
+    ``streamed`` ones), so a store fault here loses nothing."""
+
+    def __init__(self, tracker: tracking.StageRun, every_s: float | None = None):
+        self.tracker, self.every_s = tracker, LIVE_EVERY_S if every_s is None else every_s
+        self.files: dict[str, tuple[Path, int]] = {}  # run id -> (live file, bytes read)
+        self.logged: dict[str, set[tuple[int, str]]] = {}
+        # held by whoever talks to the store: the stage's own calls and this thread's never overlap
+        self.lock, self.stop = threading.RLock(), threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="live-curves", daemon=True)
+
+    def __enter__(self) -> LiveCurves:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def watch(self, run_id: str, path: Path) -> None:
+        with self.lock:
+            self.files[run_id], self.logged[run_id] = (path, 0), set()
+
+    def done(self, run_id: str) -> frozenset[tuple[int, str]]:
+        """Stop streaming ``run_id``; the points already logged."""
+        with self.lock:
+            self.files.pop(run_id, None)
+            return frozenset(self.logged.pop(run_id, ()))
+
+    def _loop(self) -> None:
+        while not self.stop.wait(self.every_s):
+            try:
+                self.poll()
+            except Exception:  # noqa: BLE001  the final record logs what this missed; the stage goes on
+                return
+
+    def poll(self) -> None:
+        with self.lock:
+            for run_id, (path, offset) in list(self.files.items()):
+                points, offset = _new_points(path, offset)
+                if points:
+                    self.tracker.log(run_id, series=points)
+                    self.logged[run_id] |= {(p["step"], k) for p in points for k in p if k != "step"}
+                self.files[run_id] = (path, offset)
+
+
+def _new_points(path: Path, offset: int) -> tuple[list[dict], int]:
+    """The complete JSON lines of ``path`` after byte ``offset``, and the offset after them."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return [], offset
+    complete = data[: data.rfind(b"\n") + 1]  # a line the worker is still writing waits for the next poll
+    return [json.loads(line) for line in complete.splitlines() if line.strip()], offset + len(complete)
+
+
 def _log_dir(ckpt_root: Path) -> Path:
     """Tracebacks of failed runs: ``.dvc/tmp/logs`` in a DVC repository, else beside the checkpoints."""
     dvc = tracking.repo_root(ckpt_root) / ".dvc"
@@ -438,14 +536,20 @@ def execute(specs: list[RunSpec], params: Params, stage: str, ckpt_root: Path, p
     with exclusive(ckpt_root, f"the {stage} stage"), tracking.stage_run(params, stage, stage) as tracker:
         jobs, run_ids, results = _open(specs, params, tracker)
         pending = {j.spec.name: j for j in jobs}
+        live = LiveCurves(tracker)
+        for job in jobs:
+            live.watch(run_ids[job.spec.name], job.spec.ckpt_dir / LIVE)
         try:
             rt = params.train.runtime
-            for job, result in map_runs(fit, jobs, workers=rt.workers, threads=rt.threads, scheduler=rt.scheduler,
-                                        describe=lambda j: j.spec.name, log_dir=_log_dir(ckpt_root),
-                                        cost=run_cost, pool=pool):
-                results.append(m := record(job, result, tracker, run_ids[job.spec.name]))
-                pending.pop(job.spec.name)
-                print(f"  {job.spec.name}: test acc {m['test_acc']:.3f}", flush=True)
+            with live:
+                for job, result in map_runs(fit, jobs, workers=rt.workers, threads=rt.threads,
+                                            scheduler=rt.scheduler, describe=lambda j: j.spec.name,
+                                            log_dir=_log_dir(ckpt_root), cost=run_cost, pool=pool):
+                    run_id = run_ids[job.spec.name]
+                    with live.lock:
+                        results.append(m := record(job, result, tracker, run_id, live.done(run_id)))
+                    pending.pop(job.spec.name)
+                    print(f"  {job.spec.name}: test acc {m['test_acc']:.3f}", flush=True)
         except RunFailed as err:
             for run_name, job in pending.items():  # the failed run: FAILED; the others can resume
                 if run_name != err.name:

@@ -7,6 +7,7 @@ teacher's hard label (DeiT's "hard distillation"); see :func:`distillation_loss`
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
@@ -186,28 +187,43 @@ class Classifier(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
+def val_point(row: dict) -> dict:
+    """A validation row of :class:`Curves` as the MLflow series point it is logged as."""
+    return {"step": row["step"], "val/loss": row.get("val_loss"), "val/acc": row.get("val_acc")}
+
+
 class Curves(L.Callback):
     """Per-step train loss and learning rate (every ``log_every_steps``) and the validation curve.
 
-    Saved in every checkpoint, so a resumed run's curves are the whole run's curves.
+    Saved in every checkpoint, so a resumed run's curves are the whole run's curves. ``live``: a file each
+    point is also appended to as one JSON line the moment it exists (the stage process streams it to MLflow
+    while the run trains; workers never talk to MLflow).
     """
 
-    def __init__(self, name: str, total: int, every: int, ckpt_every: int, ckpt: Path):
+    def __init__(self, name: str, total: int, every: int, ckpt_every: int, ckpt: Path, live: Path | None = None):
         self.name, self.total, self.every, self.ckpt_every, self.ckpt = name, total, every, ckpt_every, ckpt
+        self.live = live
         self.rows: list[dict] = []  # at each validation: step, train_loss, val_loss, val_acc, lr
         self.series: list[dict] = []  # every `every` steps: step, train/loss, lr
+
+    def _emit(self, point: dict) -> None:
+        if self.live is not None:
+            with open(self.live, "a") as f:
+                f.write(json.dumps(point) + "\n")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
         if step % self.every == 0:
             loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-            self.series.append({"step": step, "train/loss": float(loss), "lr": _lr(trainer)})
+            self.series.append(point := {"step": step, "train/loss": float(loss), "lr": _lr(trainer)})
+            self._emit(point)
 
     def on_validation_end(self, trainer, pl_module):
         m = trainer.callback_metrics
         row = {"step": trainer.global_step, "lr": _lr(trainer),
                **{k.replace("/", "_"): float(m[k]) for k in ("train/loss", "val/loss", "val/acc") if k in m}}
         self.rows.append(row)
+        self._emit(val_point(row))
         if row["step"] % self.ckpt_every == 0 and row["step"] < self.total:
             # The step's checkpoint was saved before this validation: save it again so it holds this row
             # (else a run resumed from it would lack the row: validation at that step does not rerun).

@@ -364,6 +364,37 @@ class StageRun:
             self.client.log_artifact(run_id, str(path), folder)
         return f"runs:/{run_id}/{f'{folder}/' if folder else ''}{path.name}"
 
+    def datasets(self, run_id: str, inputs: list[dict[str, Any]]) -> None:
+        """MLflow dataset inputs of a run, each ``{"name", "context", "digest", "source", "profile"}``: the
+        Datasets column and the run page show which data (by hash) it trained and was tested on."""
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        self.client.log_inputs(run_id, datasets=[
+            DatasetInput(Dataset(name=d["name"], digest=d["digest"][:32], source_type="local", source=d["source"],
+                                 profile=json.dumps(d["profile"], sort_keys=True)),
+                         tags=[InputTag("mlflow.data.context", d["context"])]) for d in inputs])
+
+    def model(self, run_id: str, model: Any, example: Any) -> str:
+        """Log a trained torch ``model`` as the run's MLflow model (``network``, with an input example and
+        the torch and timm versions it needs); returns its ``models:/`` URI.
+
+        Pickle format: a tenth of pt2's export time per run (0.3 s vs 2.6 s on 2 cores), and the store is the
+        user's own; ``mlflow.pytorch.load_model(uri)`` gives the module back."""
+        import logging
+
+        import mlflow
+        import mlflow.pytorch
+        import timm
+        import torch
+
+        logging.getLogger("mlflow.pytorch").setLevel(logging.ERROR)  # its advice on the format, once per run
+        mlflow.set_tracking_uri(self.client.uri)
+        needs = [f"torch=={torch.__version__.split('+')[0]}", f"timm=={timm.__version__}"]
+        with store_faults(self.client.uri), mlflow.start_run(run_id=run_id):  # ends it FINISHED: as finish()
+            info = mlflow.pytorch.log_model(model, name="network", input_example=example, pip_requirements=needs,
+                                            serialization_format="pickle")
+        return info.model_uri
+
     def finish(self, run_id: str) -> None:
         self.end(run_id, "FINISHED")
 

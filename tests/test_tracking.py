@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -114,3 +115,88 @@ def test_git_commit_is_dirty_only_when_what_decides_results_changed(tmp_path, mo
         git("checkout", "-q", "--", ".")
         (tmp_path / rel).write_text("b\n")
         assert git_commit() == f"{sha}+dirty", rel
+
+
+def test_live_curves_reach_the_run_while_it_trains(tmp_path):
+    """Points a worker appends to its live file are in the MLflow run before the run ends, each once; a line
+    still being written waits for the next poll."""
+    from mlflow.tracking import MlflowClient
+    from test_tracking_faults import params_for
+
+    from pipeline import tracking
+    from pipeline.experiment import LiveCurves
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    live = tmp_path / "live.jsonl"
+    with tracking.stage_run(params_for(uri), "train", "train") as run:
+        run_id = run.open("train/vit/alignment/s0", {}, {})
+        curves = LiveCurves(run, every_s=3600)  # polled by hand here
+        curves.watch(run_id, live)
+        live.write_text('{"step": 0, "train/loss": 1.5, "lr": 0.001}\n{"step": 100, "val/acc": 0.5')
+        curves.poll()
+        client = MlflowClient(tracking_uri=uri)
+        assert [m.value for m in client.get_metric_history(run_id, "train/loss")] == [1.5]
+        assert client.get_metric_history(run_id, "val/acc") == []  # half a line: not yet
+        with live.open("a") as f:
+            f.write(', "val/loss": 0.7}\n')
+        curves.poll()
+        assert [(m.step, m.value) for m in client.get_metric_history(run_id, "val/acc")] == [(100, 0.5)]
+        assert client.get_run(run_id).info.status == "RUNNING"
+        assert curves.done(run_id) == {(0, "train/loss"), (0, "lr"), (100, "val/acc"), (100, "val/loss")}
+        run.finish(run_id)
+
+
+def test_a_trained_run_logs_each_curve_point_once(copy_workspace, monkeypatch):
+    """Through the real train stage (streamed while it trains, the rest with the final record): every
+    validation point is in the run's history exactly once, and the live file is gone with the checkpoints."""
+    from mlflow.tracking import MlflowClient
+
+    from pipeline import experiment
+
+    monkeypatch.setattr(experiment, "LIVE_EVERY_S", 0.05)
+    raw = edited(copy_workspace)
+    with mlflow_store(copy_workspace):
+        assert train.main(stage(copy_workspace, raw)) == 0
+    client = MlflowClient(tracking_uri=f"sqlite:///{copy_workspace / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("bias-train")
+    (run,) = [r for r in client.search_runs([exp.experiment_id]) if r.info.run_name.startswith("train/vit/")]
+    metrics = json.loads(next((copy_workspace / "data/runs/vit").rglob("metrics.json")).read_text())
+    history = client.get_metric_history(run.info.run_id, "val/acc")
+    assert sorted(m.step for m in history) == [r["step"] for r in metrics["curve"]]
+    losses = client.get_metric_history(run.info.run_id, "train/loss")
+    assert len({m.timestamp for m in losses}) > 1  # arrived over time, not all with the final record
+    assert not list((copy_workspace / "data/ckpt/train").rglob(experiment.LIVE))
+
+
+def test_every_run_logs_its_network_and_datasets(copy_workspace):
+    """The run's MLflow model loads back and reproduces the run's own test logits; its dataset inputs carry
+    the training subset's and the pool's hashes from metrics.json."""
+    import mlflow.pytorch
+    import numpy as np
+    import torch
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.predict import to_tensor
+
+    with mlflow_store(copy_workspace):
+        assert train.main(stage(copy_workspace, edited(copy_workspace))) == 0
+    uri = f"sqlite:///{copy_workspace / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("bias-train")
+    (run,) = [r for r in client.search_runs([exp.experiment_id]) if r.info.run_name.startswith("train/vit/")]
+    folder = next((copy_workspace / "data/runs/vit").rglob("metrics.json")).parent
+    metrics = json.loads((folder / "metrics.json").read_text())
+    inputs = {d.dataset.name: d for d in run.inputs.dataset_inputs}
+    train_set = inputs["alignment/train_128"]
+    assert [t.value for t in train_set.tags if t.key == "mlflow.data.context"] == ["training"]
+    assert json.loads(train_set.dataset.profile)["train_slice_sha256"] == metrics["provenance"]["train_slice_sha256"]
+    assert inputs["alignment/pool"].dataset.digest == metrics["provenance"]["data_sha256"][:32]
+    (logged,) = run.outputs.model_outputs
+    mlflow.set_tracking_uri(uri)
+    net = mlflow.pytorch.load_model(f"models:/{logged.model_id}").eval()
+    with np.load(folder / "predictions.npz") as z:
+        index, logits = z["index"], z["logits"]
+    images = np.load(copy_workspace / "data/tasks/alignment/images.npy")[index]
+    with torch.no_grad():
+        again = net(to_tensor(images)).numpy()
+    np.testing.assert_allclose(again, logits, rtol=1e-4, atol=1e-5)
