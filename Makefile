@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help repro test test-fast lint bench mlflow-ui lock smoke
+.PHONY: help repro test test-fast lint bench mlflow-ui lock smoke profile
 .DEFAULT_GOAL := help
 
 help:  ## this list (every target installs .venv first when needed)
@@ -49,6 +49,9 @@ bench: $(STAMP)  ## benchmarks: what the pipeline costs on this machine (reports
 # The MLflow UI on http://127.0.0.1:5000 (localhost only).
 mlflow-ui: $(STAMP)  ## the MLflow UI on http://127.0.0.1:5000
 	$(BIN)/mlflow ui --host 127.0.0.1 --port 5000 --backend-store-uri sqlite:///$(CURDIR)/mlflow.db
+
+profile: $(STAMP)  ## NAME=quick|large: params-NAME.yaml's study beside the default, its report in reports/NAME/
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/bias profile $(NAME)
 
 smoke: $(STAMP)  ## the whole DAG on a tiny config in a throwaway copy (about a minute)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/bias smoke

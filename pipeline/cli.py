@@ -73,6 +73,56 @@ def smoke(args: argparse.Namespace) -> int:
             shutil.rmtree(dest, ignore_errors=True)
 
 
+PROFILES = ".profiles"  # gitignored: each profile's working copy, its data and DVC cache (reruns are incremental)
+
+
+def profile(args: argparse.Namespace) -> int:
+    """``params-<name>.yaml``'s whole study, composed beside the default rather than copied over it.
+
+    The working tree is copied to ``.profiles/<name>/`` (outputs it already has stay, so a rerun is
+    incremental) with that file as its ``params.yaml``; ``dvc repro`` runs there, logging to this repository's
+    MLflow store (the profile's own experiments, by its ``tracking.experiment_prefix``) with this checkout's
+    commit and the profile's name on every run; its ``reports/`` and ``dvc.lock`` then replace
+    ``reports/<name>/``. ``params.yaml``, the default ``reports/`` and ``dvc.lock`` are never touched."""
+    from bench import tiny
+    from pipeline.config import load_params
+    from pipeline.io import atomic_dir
+    from pipeline.repository import git_commit, git_init, repo_root
+    from pipeline.tracking import tracking_uri
+
+    root = repo_root()
+    source = root / f"params-{args.name}.yaml"
+    if not source.is_file():
+        have = sorted(p.name.removeprefix("params-").removesuffix(".yaml") for p in root.glob("params-*.yaml"))
+        raise ConfigError(f"{source.name}: no such profile (have: {', '.join(have)})")
+    params = load_params(source)  # a bad profile is refused before anything is copied
+    if params.tracking.experiment_prefix == load_params(root / "params.yaml").tracking.experiment_prefix:
+        raise ConfigError(f"{source.name}: tracking.experiment_prefix {params.tracking.experiment_prefix!r} is "
+                          f"the default's: give the profile its own, so its runs stay apart in the MLflow store")
+    work = root / PROFILES / args.name
+    for rel in tiny.source_files(root):
+        if not rel.startswith("reports/"):  # outputs of the profile's own report stage
+            (work / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(root / rel, work / rel)
+    shutil.copy2(source, work / "params.yaml")
+    git_init(work)  # DVC wants a git repository; its history is not the source of record
+    env = {**_env(), "MLFLOW_TRACKING_URI": tracking_uri(None, root),
+           "BIAS_GIT_COMMIT": git_commit(), "BIAS_PROFILE": args.name}
+    print(f"profile {args.name}: {source.name} in {work.relative_to(root)}; dvc repro ...", flush=True)
+    t0 = time.perf_counter()
+    code = subprocess.run([_bin("dvc"), "repro", *args.dvc_args], cwd=work, env=env).returncode
+    if code:
+        print(f"profile {args.name}: dvc repro failed (exit {code}); reports/{args.name}/ left as it was",
+              file=sys.stderr)
+        return code
+    with atomic_dir(root / "reports" / args.name) as tmp:
+        shutil.copytree(work / "reports", tmp, dirs_exist_ok=True)
+        shutil.copy2(work / "dvc.lock", tmp / "dvc.lock")
+    print(f"profile {args.name}: done in {(time.perf_counter() - t0) / 60:.1f} min; report "
+          f"reports/{args.name}/README.md", flush=True)
+    return 0
+
+
 def run_spec(params, arch: str, task: str, seed: int, out: Path, lrs: dict):
     """The main-grid run of (arch, task, seed), its outputs moved under ``out``; refuses what the grid lacks."""
     from pipeline.grid import Folders, at_main_budget, train_specs
@@ -153,6 +203,11 @@ def parser() -> argparse.ArgumentParser:
     o.add_argument("--params", default="params.yaml")
     o.add_argument("--out", help="keep the run's checkpoints and summary.json here (default: discarded)")
     o.set_defaults(fn=run_one)
+    f = sub.add_parser("profile", help="params-<name>.yaml's study in .profiles/<name>, its report in "
+                                       "reports/<name>/ (params.yaml and the default reports/ untouched)")
+    f.add_argument("name", help="quick, large, ...: the file params-<name>.yaml")
+    f.add_argument("dvc_args", nargs=argparse.REMAINDER, help="passed to dvc repro")
+    f.set_defaults(fn=profile)
     u = sub.add_parser("ui", help="the MLflow UI on this repository's store (localhost)")
     u.add_argument("--port", type=int, default=5000)
     u.set_defaults(fn=ui)

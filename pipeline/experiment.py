@@ -29,7 +29,7 @@ from pipeline.config import Params
 from pipeline.errors import ConfigError, StageError
 from pipeline.executor import RunFailed, map_runs
 from pipeline.grid import RunSpec, at_main_budget
-from pipeline.io import exclusive, read_json, write_json, write_with
+from pipeline.io import exclusive, read_json, read_new_lines, write_json, write_with
 from pipeline.provenance import (
     PROVENANCE,
     WEIGHTS,
@@ -42,7 +42,7 @@ from pipeline.provenance import (
     run_archs,
     run_params,
 )
-from pipeline.schemas import CHECKPOINT_CONFIG, RUN_METRICS
+from pipeline.schemas import CHECKPOINT_CONFIG, CURVE_POINT, RUN_METRICS
 from pipeline.split import load_split, subset, training_indices
 
 
@@ -471,23 +471,11 @@ class LiveCurves:
     def poll(self) -> None:
         with self.lock:
             for run_id, (path, offset) in list(self.files.items()):
-                points, offset = _new_points(path, offset)
+                points, offset = read_new_lines(path, offset, CURVE_POINT)
                 if points:
                     self.tracker.log(run_id, series=points)
                     self.logged[run_id] |= {(p["step"], k) for p in points for k in p if k != "step"}
                 self.files[run_id] = (path, offset)
-
-
-def _new_points(path: Path, offset: int) -> tuple[list[dict], int]:
-    """The complete JSON lines of ``path`` after byte ``offset``, and the offset after them."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read()
-    except FileNotFoundError:
-        return [], offset
-    complete = data[: data.rfind(b"\n") + 1]  # a line the worker is still writing waits for the next poll
-    return [json.loads(line) for line in complete.splitlines() if line.strip()], offset + len(complete)
 
 
 def _log_dir(ckpt_root: Path) -> Path:

@@ -146,6 +146,31 @@ def read_json(path: str | Path, required: Shape | None = None) -> dict:
     return obj
 
 
+def read_new_lines(path: str | Path, offset: int, required: Shape) -> tuple[list[dict], int]:
+    """The complete JSON lines of ``path`` after byte ``offset`` (each a mapping of ``required`` shape), and
+    the offset after them; a line still being written waits for the next call. No file yet: nothing."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return [], offset
+    complete = data[: data.rfind(b"\n") + 1]
+    out = []
+    for line in complete.splitlines():
+        try:
+            obj = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise StageError(f"{path}: a line is not JSON ({getattr(err, 'msg', 'not UTF-8 text')})") from None
+        if not isinstance(obj, dict):
+            raise StageError(f"{path}: a line should hold a JSON object (a mapping), not {_kind(obj)}")
+        for key, kinds in required.items():
+            check_field(path, obj, key, kinds)
+        out.append(obj)
+    return out, offset + len(complete)
+
+
 def check_field(path: Path, obj: dict, key: str, kinds: type | tuple[type, ...]) -> Any:
     """The value at dotted ``key`` of ``obj`` (read from ``path``), if it has one of ``kinds``."""
     node: Any = obj

@@ -208,6 +208,7 @@ class Curves(L.Callback):
 
     def _emit(self, point: dict) -> None:
         if self.live is not None:
+            self.live.parent.mkdir(parents=True, exist_ok=True)  # Lightning makes the checkpoint folder lazily
             with open(self.live, "a") as f:
                 f.write(json.dumps(point) + "\n")
 

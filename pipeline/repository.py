@@ -21,8 +21,14 @@ def repo_root(start: str | Path | None = None) -> Path:
     return path
 
 
-def _git(*args: str) -> str:
-    return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
+def _git(*args: str, cwd: Path | None = None) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def git_init(folder: Path) -> None:
+    """Make ``folder`` a git repository (once): DVC needs one to run in."""
+    if not (folder / ".git").exists():
+        _git("init", "-q", "-b", "main", cwd=folder)
 
 
 DECIDING = ("pipeline", "params.yaml", "dvc.yaml", "pyproject.toml", "constraints.txt")
@@ -31,7 +37,10 @@ DECIDING = ("pipeline", "params.yaml", "dvc.yaml", "pyproject.toml", "constraint
 def git_commit() -> str:
     """The checked-out commit, ``+dirty`` when what decides results (the code, params.yaml, dvc.yaml,
     pyproject.toml, the pinned versions in constraints.txt) differs from it, or ``unknown`` outside git. Outputs
-    a repro rewrites (dvc.lock, reports/) do not count: a fresh clone's ``dvc repro`` reports the commit it ran."""
+    a repro rewrites (dvc.lock, reports/) do not count: a fresh clone's ``dvc repro`` reports the commit it ran.
+    ``$BIAS_GIT_COMMIT``, when set, is the answer: ``bias profile`` runs in a copy of a checkout and says which."""
+    if os.environ.get("BIAS_GIT_COMMIT"):
+        return os.environ["BIAS_GIT_COMMIT"]
     try:
         sha = _git("rev-parse", "HEAD")
         dirty = _git("status", "--porcelain", "--untracked-files=no", "--", *DECIDING)

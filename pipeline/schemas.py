@@ -20,6 +20,9 @@ SLICE_MANIFEST: Shape = {"source.images_sha256": str, "source.labels_sha256": st
 # ``identity`` too, and reruns a run whose file lacks it).
 RUN_METRICS: Shape = {"task": str, "arch": str, "seed": int, "train_size": int, "test_acc": float}
 
+# <ckpt>/live.jsonl (learner.Curves, one point per line): what experiment.LiveCurves streams to MLflow.
+CURVE_POINT: Shape = {"step": int}
+
 # <ckpt>/config.json (experiment.execute): which run identity and MLflow run a checkpoint belongs to.
 CHECKPOINT_CONFIG: Shape = {"identity": str, "mlflow_run_id": (str, type(None))}
 

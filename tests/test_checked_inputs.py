@@ -169,6 +169,9 @@ class JsonReaders(ast.NodeVisitor):
         self.generic_visit(node)
 
 
+SHAPE_ARG = {"read_json": 1, "read_checked": 1, "read_new_lines": 2}  # reader -> position of its shape argument
+
+
 def test_every_json_reader_checks_a_shape():
     """JSON is parsed in one place (io.read_json), and every call names a shape from pipeline.schemas: a new
     reader that parses on its own, or passes no shape, fails here."""
@@ -180,12 +183,14 @@ def test_every_json_reader_checks_a_shape():
         visitor.visit(tree)
         parsers |= {(rel, name) for name, _ in visitor.found}
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) in
-                    ("read_json", "read_checked") and rel != "pipeline/io.py"):
-                given = node.args[1:2] + [k.value for k in node.keywords if k.arg in ("shape", "required")]
+            name = getattr(node, "func", None) and getattr(node.func, "id", getattr(node.func, "attr", ""))
+            if name in SHAPE_ARG and rel != "pipeline/io.py":
+                at = SHAPE_ARG[name]
+                given = node.args[at:at + 1] + [k.value for k in node.keywords if k.arg in ("shape", "required")]
                 if not (given and isinstance(given[0], ast.Name) and given[0].id in shapes):
                     unshaped.append(f"{rel}:{node.lineno}")
-    assert parsers == {("pipeline/io.py", "read_json")}, "read JSON with pipeline.io.read_json(path, <shape>)"
+    assert parsers == {("pipeline/io.py", "read_json"), ("pipeline/io.py", "read_new_lines")}, \
+        "read JSON with pipeline.io.read_json(path, <shape>) or read_new_lines(path, offset, <shape>)"
     assert not unshaped, f"pass a shape from pipeline.schemas: {unshaped}"
 
 

@@ -69,8 +69,10 @@ def _profile(name: str) -> dict:
 
 
 def _outside(doc: dict, grid: set[str], distill: set[str]) -> tuple[dict, dict, dict]:
-    """What a profile must share with params.yaml: everything but the grid keys of train and distill."""
-    return ({k: v for k, v in doc.items() if k not in ("train", "distill")},
+    """What a profile must share with params.yaml: everything but the grid keys of train and distill, and
+    its MLflow experiments' prefix (its own, so `bias profile` keeps its runs apart: checked below)."""
+    tracking = {k: v for k, v in doc["tracking"].items() if k != "experiment_prefix"}
+    return ({k: v for k, v in doc.items() if k not in ("train", "distill", "tracking")} | {"tracking": tracking},
             {k: v for k, v in doc["train"].items() if k not in grid},
             {k: v for k, v in doc["distill"].items() if k not in distill})
 
@@ -81,6 +83,7 @@ def test_large_profile_validates_and_differs_only_in_the_grid():
     grid, distill = {"seeds", "archs", "grids"}, {"tasks"}
     assert _outside(large, grid, distill) == _outside(base, grid, distill)
     assert len(large["train"]["seeds"]) >= 10
+    assert large["tracking"]["experiment_prefix"] == "bias-large" != base["tracking"]["experiment_prefix"]
     assert _runs("params.yaml") < _runs("params-large.yaml")  # every default cell, and more
 
 
@@ -100,6 +103,7 @@ def test_quick_profile_is_the_default_with_fewer_cells():
     grid, distill = {"seeds", "archs", "grids"}, {"tasks"}
     assert _outside(quick, grid, distill) == _outside(base, grid, distill)
     assert set(quick["train"]["seeds"]) < set(base["train"]["seeds"]) and not quick["train"]["grids"]
+    assert quick["tracking"]["experiment_prefix"] == "bias-quick"
     assert set(quick["distill"]["tasks"]) < set(base["distill"]["tasks"])
     archs, base_archs = quick["train"]["archs"], base["train"]["archs"]
     assert list(archs) == list(base_archs)  # every architecture, each on some of its default tasks

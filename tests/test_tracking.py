@@ -191,9 +191,8 @@ def test_every_run_logs_its_network_and_datasets(copy_workspace):
     assert [t.value for t in train_set.tags if t.key == "mlflow.data.context"] == ["training"]
     assert json.loads(train_set.dataset.profile)["train_slice_sha256"] == metrics["provenance"]["train_slice_sha256"]
     assert inputs["alignment/pool"].dataset.digest == metrics["provenance"]["data_sha256"][:32]
-    (logged,) = run.outputs.model_outputs
-    mlflow.set_tracking_uri(uri)
-    net = mlflow.pytorch.load_model(f"models:/{logged.model_id}").eval()
+    with mlflow_store(copy_workspace):
+        net = mlflow.pytorch.load_model(f"runs:/{run.info.run_id}/network").eval()
     with np.load(folder / "predictions.npz") as z:
         index, logits = z["index"], z["logits"]
     images = np.load(copy_workspace / "data/tasks/alignment/images.npy")[index]
