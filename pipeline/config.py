@@ -581,6 +581,14 @@ class Params(Section):
         # weights, gradients and AdamW's two moments: four float32 copies of every parameter
         needs.append(("models.param_target", self.models.param_target, 16 * self.models.param_target,
                       f"{self.models.param_target} parameters x 16 bytes (weights, gradients, AdamW moments)"))
+        # the report's item bootstrap: a (replicates x test items) float64 weight matrix and its int64 counts
+        reps, items = self.report.bootstrap_samples, self.slice.test_size
+        needs.append(("report.bootstrap_samples", reps, 16 * reps * items,
+                      f"{reps} replicates x {items} test items x 16 bytes"))
+        # the interface's widest patch embedding: its weights and the Jacobian and null-space copies of them
+        i = self.interface
+        d, fan_in = max(i.widths), i.patch_size**2 * g.channels
+        needs.append(("interface.widths", d, 16 * d * fan_in, f"a width-{d} embedding of {fan_in} inputs x 16 bytes"))
         for key, value, need, what in needs:
             if need > have:
                 raise ValueError(f"{key}: {value} is too large: {what} take {need / 2**30:.1f} GiB, more than "

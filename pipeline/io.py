@@ -118,10 +118,15 @@ def sha256_bytes(*arrays: bytes) -> str:
     return h.hexdigest()
 
 
+class Unit(float):
+    """In a :data:`Shape`: a finite number in [0, 1] (an accuracy, a rate), not just any number."""
+
+
 # What a field of a JSON file should be, as said in an error ("'seed' should be an integer").
 KINDS = {dict: "a mapping", list: "a list", str: "a string", int: "an integer", float: "a number",
-         bool: "true or false", type(None): "null"}
-Shape = dict[str, type | tuple[type, ...]]  # dotted key -> the type(s) its value may have
+         bool: "true or false", type(None): "null", Unit: "a number in [0, 1]"}
+# dotted key -> the type(s) its value may have; a ``*`` part stands for every key of the mapping there
+Shape = dict[str, type | tuple[type, ...]]
 
 
 def read_json(path: str | Path, required: Shape | None = None) -> dict:
@@ -137,6 +142,8 @@ def read_json(path: str | Path, required: Shape | None = None) -> dict:
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         where = f" at line {err.lineno}" if isinstance(err, json.JSONDecodeError) else ""
         raise StageError(f"{path}: not JSON ({getattr(err, 'msg', 'not UTF-8 text')}{where})") from None
+    except RecursionError:
+        raise StageError(f"{path}: not a file this pipeline wrote (nested deeper than JSON's parser goes)") from None
     except OSError as err:  # a folder, or no permission
         raise StageError(f"{path}: unreadable ({err.strerror or err})") from None
     if not isinstance(obj, dict):
@@ -172,19 +179,27 @@ def read_new_lines(path: str | Path, offset: int, required: Shape) -> tuple[list
 
 
 def check_field(path: Path, obj: dict, key: str, kinds: type | tuple[type, ...]) -> Any:
-    """The value at dotted ``key`` of ``obj`` (read from ``path``), if it has one of ``kinds``."""
+    """The value at dotted ``key`` of ``obj`` (read from ``path``), if it has one of ``kinds``; a ``*`` part
+    checks the rest of the key under every entry of the mapping there."""
     node: Any = obj
     for i, part in enumerate(parts := key.split(".")):
         if not isinstance(node, dict):
             raise StageError(f"{path}: {'.'.join(parts[:i])!r} should be a mapping")
+        if part == "*":
+            for name in node:
+                check_field(path, obj, ".".join([*parts[:i], name, *parts[i + 1:]]), kinds)
+            return node
         if part not in node:
             raise StageError(f"{path}: missing key {'.'.join(parts[:i + 1])!r}")
         node = node[part]
     wanted = kinds if isinstance(kinds, tuple) else (kinds,)
-    accepted = (*wanted, int) if float in wanted else wanted
-    if not isinstance(node, accepted) or (isinstance(node, bool) and bool not in wanted):
+    accepted = (*wanted, int, float) if float in wanted or Unit in wanted else wanted
+    if not isinstance(node, accepted) or (isinstance(node, bool) and bool not in wanted) or (
+            Unit in wanted and isinstance(node, (int, float)) and not isinstance(node, bool)
+            and not 0 <= node <= 1):  # NaN fails too
         names = " or ".join(KINDS.get(k, k.__name__) for k in wanted)
-        raise StageError(f"{path}: {key!r} should be {names}, not {_kind(node)}")
+        shown = f"{node!r}" if isinstance(node, (int, float)) and not isinstance(node, bool) else _kind(node)
+        raise StageError(f"{path}: {key!r} should be {names}, not {shown}")
     return node
 
 

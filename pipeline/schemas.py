@@ -8,7 +8,7 @@ fails when a module reads JSON any other way.
 
 from __future__ import annotations
 
-from pipeline.io import Shape
+from pipeline.io import Shape, Unit
 
 # data/tasks/<task>/meta.json (stages.generate): the pool's classes and the hashes its arrays must match.
 TASK_META: Shape = {"num_classes": int, "class_names": list, "sha256.images": str, "sha256.labels": str}
@@ -18,7 +18,8 @@ SLICE_MANIFEST: Shape = {"source.images_sha256": str, "source.labels_sha256": st
 
 # <run>/metrics.json (experiment.record): what the report needs of a finished run (the resume check reads
 # ``identity`` too, and reruns a run whose file lacks it).
-RUN_METRICS: Shape = {"task": str, "arch": str, "seed": int, "train_size": int, "test_acc": float}
+RUN_METRICS: Shape = {"task": str, "arch": str, "seed": int, "train_size": int, "test_acc": Unit,
+                      "val_acc": (Unit, type(None)), "slices.*.acc": Unit}
 
 # <ckpt>/live.jsonl (learner.Curves, one point per line): what experiment.LiveCurves streams to MLflow.
 CURVE_POINT: Shape = {"step": int}
@@ -27,13 +28,14 @@ CURVE_POINT: Shape = {"step": int}
 CHECKPOINT_CONFIG: Shape = {"identity": str, "mlflow_run_id": (str, type(None))}
 
 # data/teachers/<task>/provenance.json (provenance.record): the frozen teacher a student distils from.
-TEACHER_PROVENANCE: Shape = {"model": str, "checkpoint_sha256": str}
+TEACHER_PROVENANCE: Shape = {"arch": str, "model": str, "task": str, "seed": int, "checkpoint_sha256": str,
+                             "student_train_disagreement": Unit}
 
 # data/tune/choice.json (stages.tune): the chosen learning rate per arch and task.
 TUNE_CHOICE: Shape = {"lrs": dict}
 
 # data/shortcuts/<task>/floors.json (stages.shortcuts): chance and the strongest shortcut baseline.
-SHORTCUT_FLOORS: Shape = {"chance": float, "floor": float, "floor_baseline": str, "baselines": dict}
+SHORTCUT_FLOORS: Shape = {"chance": Unit, "floor": Unit, "floor_baseline": str, "baselines.*.acc": Unit}
 
 # data/interface/summary.json (stages.interface): the exact checks' counts and key numbers.
 INTERFACE_SUMMARY: Shape = {"checks": dict, "key_numbers": dict}

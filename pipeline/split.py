@@ -73,6 +73,9 @@ def verify_split(images: np.ndarray, labels: np.ndarray, indices: dict, meta: di
         if sha256_bytes(np.ascontiguousarray(arr).tobytes()) != meta["sha256"][name]:
             raise StageError(f"{files[name]}: sha256 differs from {files['meta']} (modified after the data stage?); "
                              f"rerun it: dvc repro")
+    k = meta["num_classes"]
+    if len(labels) and (labels.min() < 0 or labels.max() >= k):
+        raise StageError(f"{files['labels']}: labels outside 0..{k - 1} ({files['meta']} num_classes {k})")
     arrays = manifest["arrays"]
     for name, idx in indices.items():
         if index_sha256(idx) != (arrays.get(name) or {}).get("sha256"):
@@ -80,6 +83,25 @@ def verify_split(images: np.ndarray, labels: np.ndarray, indices: dict, meta: di
                              f"(modified after the slice stage?); rerun it: dvc repro")
         if len(idx) and (idx.min() < 0 or idx.max() >= len(labels)):
             raise StageError(f"{files['indices']}: {name} has indices outside the pool of {len(labels)} images")
+        if len(np.unique(idx)) != len(idx):
+            raise StageError(f"{files['indices']}: {name} lists an image twice")
+    check_disjoint_nested(indices, files["indices"])
+
+
+def check_disjoint_nested(indices: dict[str, np.ndarray], where: Path) -> None:
+    """Training subsets share no image with val or test, and each lies inside the next larger one (the data-size
+    curve adds images, never swaps them); a draw that breaks either is one line naming the arrays."""
+    sizes = sorted((int(k.removeprefix("train_")), k) for k in indices if k.startswith("train_"))
+    held = {k: indices[k] for k in ("val", "test") if k in indices}
+    for _, name in sizes:
+        for other, idx in held.items():
+            if np.intersect1d(indices[name], idx).size:
+                raise StageError(f"{where}: {name} shares images with {other}")
+    for (_, small), (_, large) in zip(sizes, sizes[1:], strict=False):
+        if np.setdiff1d(indices[small], indices[large]).size:
+            raise StageError(f"{where}: {small} is not inside {large} (the training subsets are nested)")
+    if "val" in held and "test" in held and np.intersect1d(held["val"], held["test"]).size:
+        raise StageError(f"{where}: val shares images with test")
 
 
 def subset(indices: dict, size: int, where: Path) -> np.ndarray:

@@ -9,6 +9,7 @@ first. The test split is never read. Teachers keep ``train.recipe.lr`` (they are
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -63,6 +64,9 @@ def read_choice(path: Path, params: Params) -> dict[tuple[str, str], float]:
         lr = check_field(path, record, f"lrs.{arch}/{task}", float)
         if not lr > 0:
             raise StageError(f"{path}: lrs.{arch}/{task} is {lr}, not a positive learning rate")
+        if not any(math.isclose(lr, x) for x in params.tune.lrs):
+            raise StageError(f"{path}: lrs.{arch}/{task} is {lr:g}, not one of tune.lrs {params.tune.lrs} "
+                             f"(chosen under another configuration); rerun the tune stage (dvc repro)")
         out[(arch, task)] = float(lr)
     return out
 

@@ -190,6 +190,29 @@ def tamper_index(name: str, change: Callable[[np.ndarray], None]) -> Callable[[P
     return setup
 
 
+def forge_label(ws: Path) -> None:
+    """A label outside the task's classes, with meta.json's hash forged to match: only a range check sees it."""
+    path, meta_path = ws / "data/tasks/alignment/labels.npy", ws / "data/tasks/alignment/meta.json"
+    labels = np.load(path)
+    labels[5] = 7
+    np.save(path, labels)
+    meta = json.loads(meta_path.read_text())
+    meta["sha256"]["labels"] = hashlib.sha256(labels.tobytes()).hexdigest()
+    meta_path.write_text(json.dumps(meta))
+
+
+def forge_overlap(ws: Path) -> None:
+    """train_128 replaced by test images, the manifest's hash forged to match: only a disjointness check sees it."""
+    path, man_path = ws / "data/slices/alignment/indices.npz", ws / "data/slices/alignment/manifest.json"
+    with np.load(path) as z:
+        arrays = {k: z[k].copy() for k in z.files}
+    arrays["train_128"] = np.sort(arrays["test"][:128]).astype(np.int64)
+    np.savez(path, **arrays)
+    manifest = json.loads(man_path.read_text())
+    manifest["arrays"]["train_128"]["sha256"] = hashlib.sha256(arrays["train_128"].tobytes()).hexdigest()
+    man_path.write_text(json.dumps(manifest))
+
+
 def tamper_images(ws: Path) -> None:
     path = ws / "data/tasks/alignment/images.npy"
     images = np.load(path)
@@ -285,6 +308,10 @@ CASES = [
     Case("pool-beyond-memory", "generate", edit("tasks.alignment.n", 10**12), ("tasks.alignment.n", "GiB", "memory")),
     Case("param-target-beyond-memory", "budget", edit("models.param_target", 10**13),
          ("models.param_target", "GiB", "memory")),
+    Case("bootstrap-beyond-memory", "budget", edit("report.bootstrap_samples", 10**12),
+         ("report.bootstrap_samples", "GiB", "memory")),
+    Case("interface-width-beyond-memory", "interface", edit("interface.widths", [8, 10**9]),
+         ("interface.widths", "GiB", "memory")),
     # impossible geometry
     Case("patch-not-dividing", "interface", edit("geometry.patch_size", 5), ("geometry.patch_size",)),
     Case("swin-window-too-big", "budget", edit("models.swin.window_size", 16), ("models.swin.window_size",)),
@@ -378,6 +405,18 @@ CASES = [
     Case("teacher-provenance-hash-null", "train",
          reshape(f"{TEACHER}/provenance.json", "checkpoint_sha256", None),
          ("provenance.json", "'checkpoint_sha256' should be a string, not null")),
+    Case("meta-nested-too-deep", "slice", write("data/tasks/alignment/meta.json", b"[" * 200000),
+         ("meta.json", "nested deeper")),
+    Case("meta-classes-disagree-with-labels", "slice",
+         both(reshape("data/tasks/alignment/meta.json", "num_classes", 3),
+              reshape("data/tasks/alignment/meta.json", "class_names", ["a", "b", "c"])),
+         ("meta.json", "do not describe labels.npy")),
+    Case("teacher-provenance-other-task", "train", reshape(f"{TEACHER}/provenance.json", "task", "relation"),
+         ("provenance.json", "records the teacher resnet on relation")),
+    # integrity beyond the hashes: a forged hash still meets a range, uniqueness or disjointness check
+    Case("train-label-out-of-range-forged", "train", forge_label, ("labels.npy", "labels outside 0..3")),
+    Case("train-subset-overlaps-test-forged", "train", forge_overlap,
+         ("indices.npz", "train_128 shares images with test")),
     # files: valid, but from another run
     Case("slices-stale", "train", regenerate_data, ("indices.npz", "rerun the slice stage")),
     Case("teacher-stale", "train", both(regenerate_data, reslice), ("provenance.json", "rerun the teacher stage")),

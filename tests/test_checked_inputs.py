@@ -126,6 +126,16 @@ def test_read_json_refuses_each_shape_in_one_line(tmp_path, content, message):
     assert str(err.value).startswith(str(tmp_path / message)) and "\n" not in str(err.value), err.value
 
 
+def test_wildcard_fields_are_checked_under_every_entry(tmp_path):
+    path = tmp_path / "floors.json"
+    good = {"chance": 0.5, "floor": 0.6, "floor_baseline": "a", "baselines": {"a": {"acc": 0.6}, "b": {"acc": 0.5}}}
+    path.write_text(json.dumps(good))
+    assert read_json(path, schemas.SHORTCUT_FLOORS) == good
+    path.write_text(json.dumps({**good, "baselines": {"a": {"acc": 0.6}, "b": {"acc": "0.3"}}}))
+    with pytest.raises(StageError, match=r"'baselines.b.acc' should be a number in \[0, 1\], not a string"):
+        read_json(path, schemas.SHORTCUT_FLOORS)
+
+
 def test_read_json_returns_the_mapping(tmp_path):
     rec = {"task": "a", "seed": 1, "acc": 1, "sha256": {"images": "x"}, "extra": [1]}
     (tmp_path / "m.json").write_text(json.dumps(rec))
@@ -139,6 +149,10 @@ def test_read_json_returns_the_mapping(tmp_path):
     ({"task": "alignment", "arch": "vit", "seed": "0", "train_size": 128, "test_acc": 0.5},
      "'seed' should be an integer, not a string"),
     ([], "should hold a JSON object"),
+    ({"task": "alignment", "arch": "vit", "seed": 0, "train_size": 128, "test_acc": 1.7},
+     "'test_acc' should be a number in \\[0, 1\\], not 1.7"),
+    ({"task": "alignment", "arch": "vit", "seed": 0, "train_size": 128, "test_acc": float("nan")},
+     "'test_acc' should be a number in \\[0, 1\\], not nan"),
 ])
 def test_report_refuses_metrics_of_the_wrong_shape(tmp_path, metrics, message):
     path = tmp_path / "vit/alignment/n128/metrics.json"

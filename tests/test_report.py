@@ -250,8 +250,9 @@ def test_nothing_to_report_is_one_line_error(tmp_path, params_path):
 def test_teacher_disagreement_read_from_provenance(tmp_path):
     folder = tmp_path / "teachers" / "resnet" / "alignment"
     folder.mkdir(parents=True)
-    (folder / "provenance.json").write_text(json.dumps({"model": "resnet", "checkpoint_sha256": "ab" * 32,
-                                                        "student_train_disagreement": 0.125, "seed": 0}))
+    (folder / "provenance.json").write_text(json.dumps({"arch": "resnet", "model": "resnet", "task": "alignment",
+                                                        "seed": 0, "checkpoint_sha256": "ab" * 32,
+                                                        "student_train_disagreement": 0.125}))
     assert sources.teacher_disagreement(tmp_path / "teachers") == {("resnet", "alignment"): 0.125}
     assert sources.teacher_disagreement(tmp_path / "absent") == {}
 

@@ -59,8 +59,11 @@ def test_a_tune_seed_the_study_trains_with_is_refused():
 def test_choice_file_missing_a_cell_is_one_line(tmp_path):
     params = load_params("params.yaml")
     path = tmp_path / "choice.json"
-    path.write_text(json.dumps({"lrs": {"vit/alignment": 1e-3}}))
+    path.write_text(json.dumps({"lrs": {"vit/alignment": params.tune.lrs[0]}}))
     with pytest.raises(StageError, match="no tuned learning rate for"):
+        tune.read_choice(path, params)
+    path.write_text(json.dumps({"lrs": {f"{a}/{t}": 1e300 for a, t in cells(params)}}))
+    with pytest.raises(StageError, match=r"is 1e\+300, not one of tune.lrs"):  # before any run diverges on it
         tune.read_choice(path, params)
     path.write_text(json.dumps({"lrs": {f"{a}/{t}": "fast" for a, t in cells(params)}}))
     with pytest.raises(StageError, match="choice.json"):
