@@ -577,7 +577,7 @@ class Params(Section):
         g, have = self.geometry, machine_memory()
         pools = [(f"tasks.{t}.n", getattr(self.tasks, t).n) for t in self.tasks.names if t != "natural"]
         needs = [(key, n, n * g.image_size**2 * g.channels, f"{n} images of {g.image_size}x{g.image_size}x"
-                  f"{g.channels} uint8") for key, n in pools]
+                  f"{g.channels} uint8 (geometry.image_size, geometry.channels)") for key, n in pools]
         # weights, gradients and AdamW's two moments: four float32 copies of every parameter
         needs.append(("models.param_target", self.models.param_target, 16 * self.models.param_target,
                       f"{self.models.param_target} parameters x 16 bytes (weights, gradients, AdamW moments)"))

@@ -35,7 +35,8 @@ TEACHER_PROVENANCE: Shape = {"arch": str, "model": str, "task": str, "seed": int
 TUNE_CHOICE: Shape = {"lrs": dict}
 
 # data/shortcuts/<task>/floors.json (stages.shortcuts): chance and the strongest shortcut baseline.
-SHORTCUT_FLOORS: Shape = {"chance": Unit, "floor": Unit, "floor_baseline": str, "baselines.*.acc": Unit}
+SHORTCUT_FLOORS: Shape = {"chance": Unit, "floor": Unit, "floor_baseline": str, "baselines.*.acc": Unit,
+                          "baselines.*.n": int}
 
 # data/interface/summary.json (stages.interface): the exact checks' counts and key numbers.
 INTERFACE_SUMMARY: Shape = {"checks": dict, "key_numbers": dict}

@@ -140,6 +140,8 @@ def check_store(params: Params) -> str:
         path = Path(uri.removeprefix("sqlite:///"))
         if blocker := next((d for d in path.parents if d.exists() and not d.is_dir()), None):
             raise StageError(f"{blocker}: not a folder, so it cannot hold the MLflow store {path} ({key})")
+        if path.is_dir():
+            raise StageError(f"{path}: a folder, not an SQLite MLflow store ({key}); move it aside and rerun")
         if path.exists() and path.stat().st_size and path.read_bytes()[:16] != SQLITE_MAGIC:
             raise StageError(f"{path}: not an SQLite MLflow store (corrupt?); move it aside and rerun "
                              "(a fresh store is created)")

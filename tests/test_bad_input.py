@@ -190,6 +190,18 @@ def tamper_index(name: str, change: Callable[[np.ndarray], None]) -> Callable[[P
     return setup
 
 
+def store_as_folder(ws: Path) -> None:
+    (ws / "mlflow.db").unlink()
+    (ws / "mlflow.db").mkdir()
+
+
+def drop_role(ws: Path) -> None:
+    import pandas as pd
+
+    path = ws / "data/tasks/alignment/factors.csv"
+    pd.read_csv(path, keep_default_na=False).drop(columns="role").to_csv(path, index=False)
+
+
 def forge_label(ws: Path) -> None:
     """A label outside the task's classes, with meta.json's hash forged to match: only a range check sees it."""
     path, meta_path = ws / "data/tasks/alignment/labels.npy", ws / "data/tasks/alignment/meta.json"
@@ -405,6 +417,7 @@ CASES = [
     Case("teacher-provenance-hash-null", "train",
          reshape(f"{TEACHER}/provenance.json", "checkpoint_sha256", None),
          ("provenance.json", "'checkpoint_sha256' should be a string, not null")),
+    Case("factors-without-role", "slice", drop_role, ("factors.csv", "no role column")),
     Case("meta-nested-too-deep", "slice", write("data/tasks/alignment/meta.json", b"[" * 200000),
          ("meta.json", "nested deeper")),
     Case("meta-classes-disagree-with-labels", "slice",
@@ -443,6 +456,7 @@ CASES = [
     Case("dask-scheduler-no-port", "teacher", edit("train.runtime.scheduler", "scheduler.example"),
          ("train.runtime.scheduler", "no port")),
     # tracking faults after the store check passes (pipeline.tracking.store_faults; more in test_tracking_faults.py)
+    Case("mlflow-db-a-folder", "teacher", store_as_folder, ("mlflow.db", "a folder, not an SQLite MLflow store")),
     Case("mlflow-db-truncated", "train", truncate("mlflow.db"),
          ("tracking store sqlite:///", "mlflow.db", "malformed")),
     Case("tracking-uri-in-memory", "teacher", edit("tracking.tracking_uri", "sqlite:///:memory:"),

@@ -128,10 +128,11 @@ def test_read_json_refuses_each_shape_in_one_line(tmp_path, content, message):
 
 def test_wildcard_fields_are_checked_under_every_entry(tmp_path):
     path = tmp_path / "floors.json"
-    good = {"chance": 0.5, "floor": 0.6, "floor_baseline": "a", "baselines": {"a": {"acc": 0.6}, "b": {"acc": 0.5}}}
+    good = {"chance": 0.5, "floor": 0.6, "floor_baseline": "a",
+            "baselines": {"a": {"acc": 0.6, "n": 64}, "b": {"acc": 0.5, "n": 64}}}
     path.write_text(json.dumps(good))
     assert read_json(path, schemas.SHORTCUT_FLOORS) == good
-    path.write_text(json.dumps({**good, "baselines": {"a": {"acc": 0.6}, "b": {"acc": "0.3"}}}))
+    path.write_text(json.dumps({**good, "baselines": {"a": {"acc": 0.6, "n": 64}, "b": {"acc": "0.3", "n": 64}}}))
     with pytest.raises(StageError, match=r"'baselines.b.acc' should be a number in \[0, 1\], not a string"):
         read_json(path, schemas.SHORTCUT_FLOORS)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from pipeline.errors import StageError
 from pipeline.report import stats
 
 CELL = ["task", "arch", "train_size", "steps", "budget_mode", "data_seed"]
@@ -31,6 +32,10 @@ class Items:
         pool = self.pools.get(task)
         if pool is None:
             return
+        test = pool["subsets"].get("test")
+        if test is not None and (len(index) != len(logits) or not np.array_equal(np.sort(index), np.sort(test))):
+            raise StageError(f"{run_dir}/predictions.npz: {len(index)} items, not the task's {len(test)} test "
+                             f"items; rerun the train stage (dvc repro)")
         self.runs[run_dir] = (np.asarray(index), logits.argmax(-1) == pool["labels"][index], logits)
 
     def subset(self, task: str, name: str) -> np.ndarray | None:

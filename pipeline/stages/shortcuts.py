@@ -16,7 +16,7 @@ import numpy as np
 
 from pipeline.config import load_params
 from pipeline.errors import ConfigError, StageError
-from pipeline.io import write_json, write_text
+from pipeline.io import sha256_bytes, write_json, write_text
 from pipeline.shortcuts import OBJECTS, floors
 from pipeline.stages.common import stage_main
 from pipeline.stages.generate import atomic_dir
@@ -79,6 +79,15 @@ def main(argv: list[str] | None = None) -> None:
         images = np.load(data / "images.npy", mmap_mode="r")
     except (OSError, ValueError) as err:
         raise StageError(f"{data / 'images.npy'}: cannot read ({err})") from None
+    if images.dtype != np.uint8 or images.ndim != 4 or len(images) != len(labels):
+        raise StageError(f"{data / 'images.npy'}: expected uint8 (N,H,W,C) matching labels, got {images.dtype} "
+                         f"{images.shape} vs {labels.shape}")
+    if sha256_bytes(np.ascontiguousarray(images).tobytes()) != meta["sha256"]["images"]:
+        raise StageError(f"{data / 'images.npy'}: sha256 differs from meta.json (modified after generation?)")
+    for name, idx in {"train": train, "test": test, **slices}.items():
+        if len(idx) and (idx.min() < 0 or idx.max() >= len(labels)):
+            raise StageError(f"{Path(args.slices) / 'indices.npz'}: {name} has indices outside the pool of "
+                             f"{len(labels)} images")
     record = floors(args.task, images, labels, factors, train, test, meta["num_classes"],
                     params.geometry.patch_size, params.seed, slices)
     with atomic_dir(args.out) as tmp:

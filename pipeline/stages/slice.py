@@ -30,6 +30,9 @@ def load_task(folder: Path) -> tuple[np.ndarray, pd.DataFrame, dict]:
         raise StageError(f"{folder}: cannot read the task data ({err})") from None
     if sha256_bytes(labels.tobytes()) != meta["sha256"]["labels"]:
         raise StageError(f"{folder / 'labels.npy'}: sha256 differs from meta.json (modified after generation?)")
+    if len(factors) != len(labels) or "role" not in factors.columns:
+        what = f"{len(factors)} rows for {len(labels)} labels" if len(factors) != len(labels) else "no role column"
+        raise StageError(f"{folder / 'factors.csv'}: {what}; rerun the data stage")
     k, names = meta["num_classes"], meta["class_names"]
     if len(names) != k or (len(labels) and not 0 <= labels.min() <= labels.max() < k):
         raise StageError(f"{folder / 'meta.json'}: num_classes {k} and {len(names)} class_names do not describe "
