@@ -15,8 +15,9 @@ SHARED_STAGES = ("interface", "data", "slice", "shortcuts")
 
 
 def stage_seconds(timing: dict) -> dict[str, float]:
-    """A ``repro_timing.json``'s per-stage seconds, without its summaries (total, training, machine steps)."""
-    return {k: v for k, v in timing.items() if k not in ("total", "training", "machine_steps_s")}
+    """A ``repro_timing.json``'s per-stage seconds, without its summaries (total, and the mappings: training,
+    machine steps, cost per decided row)."""
+    return {k: v for k, v in timing.items() if k != "total" and isinstance(v, (int, float))}
 
 
 def machine_ratios(machine: dict | None) -> dict[str, float]:
