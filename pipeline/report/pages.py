@@ -307,7 +307,9 @@ def size_points(size_tab: pd.DataFrame, main: pd.DataFrame) -> pd.DataFrame:
 def summary(frames: dict, floors: dict) -> dict:
     """reports/summary.json (dvc metrics): a few headline numbers, so `dvc exp show` stays narrow."""
     led, main = frames["ledger"], frames["main"]
-    lead = {name: float(row.estimate) for name, _, row in ledger.leads(led)[:markdown.MAX_FINDINGS]}
+    # keyed by the lead row too: profiles can lead a finding with different rows, and `dvc metrics diff` must
+    # never subtract two different contrasts
+    lead = {f"{name}/{row.id}": float(row.estimate) for name, _, row in ledger.leads(led)[:markdown.MAX_FINDINGS]}
     return markdown.nan_to_none({
         "ledger": {k.replace(" ", "_"): v for k, v in markdown.verdict_counts(led).items()},
         **informative_counts(led),
