@@ -39,7 +39,7 @@ SHORTCUT_FLOORS: Shape = {"chance": Unit, "floor": Unit, "floor_baseline": str, 
                           "baselines.*.n": int}
 
 # data/interface/summary.json (stages.interface): the exact checks' counts and key numbers.
-INTERFACE_SUMMARY: Shape = {"checks": dict, "key_numbers": dict}
+INTERFACE_SUMMARY: Shape = {"checks.checked": int, "checks.held": int, "key_numbers": dict}
 
 # reports/summary.json (report stage): the ledger's counts, as `bias repro` prints them.
 REPORT_SUMMARY: Shape = {"ledger": dict}

@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> None:
         raise StageError(f"no metrics.json under {args.runs} or {args.teachers}: nothing to report")
     iface = sources.read_json(args.interface / "summary.json" if args.interface else None,
                              INTERFACE_SUMMARY) or {}
+    if iface and iface["checks"]["held"] > iface["checks"]["checked"]:
+        raise StageError(f"{args.interface / 'summary.json'}: checks.held {iface['checks']['held']} exceeds "
+                         f"checks.checked {iface['checks']['checked']}; rerun the interface stage")
     inputs = pages.load(params, records, args.tasks, args.slices, args.shortcuts, args.teachers, iface)
     pages.write_report(inputs, args.out)
 
