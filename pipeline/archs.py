@@ -55,6 +55,9 @@ ARCHS: dict[str, ArchInfo] = {
     "swin_local": ArchInfo("swin", "swin", "one stage, no patch merging: tokens in different windows never "
                            "interact", "swin_noshift", "Swin, one stage, fixed windows",
                            {"shift": False, "local": True}),
+    "swin_local_shift": ArchInfo("swin", "swin", "windows shifted every other block, in one stage (no patch "
+                                 "merging): the shift alone joins windows", "swin_local",
+                                 "Swin, one stage, shifted windows", {"shift": True, "local": True}, "swin_local"),
     "resnet": ArchInfo("resnet", "resnet", "reference: CNN, stride-1 stem, stride-2 stages", None,
                        "ResNet (BasicBlock), 3x3 stride-1 stem, no max-pool"),
     "resnet_s1": ArchInfo("resnet", "resnet", "every stride 1: no subsampling, shift-equivariant up to the "

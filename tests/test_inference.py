@@ -151,8 +151,9 @@ def test_an_arm_at_chance_makes_the_row_uninformative():
 
 def test_both_arms_at_the_ceiling_make_the_row_uninformative():
     cross = np.arange(0, N, 2)
-    runs, items = _tiny("relation", {"swin": 1.0, "swin_noshift": 1.0}, {"slice/window=cross": cross})
-    led = ledger.judge(_params({"swin": ["relation"], "swin_noshift": ["relation"]}), runs, items, {}, {}, 0)
+    runs, items = _tiny("relation", {"swin_local_shift": 1.0, "swin_local": 1.0}, {"slice/window=cross": cross})
+    led = ledger.judge(_params({"swin_local_shift": ["relation"], "swin_local": ["relation"]}), runs, items, {},
+                       {}, 0)
     row = led.set_index("id").loc["relation.shift.relation"]
     assert (row.verdict, row.reason) == ("uninformative", "both at ceiling on slice/window=cross: 1.000 and 1.000")
     assert (row.estimate, row.ci_lo, row.ci_hi) == (0.0, 0.0, 0.0)
@@ -166,6 +167,40 @@ def test_gate_rules():
     assert ledger.gate({**row, "finding": "budget"}, {**m, "in_a": 0.1, "acc_a": 0.7}, 0.01) == ""
     assert ledger.gate({**row, "kind": "floor"}, {**m, "in_a": 0.1}, 0.01) == ""  # floors are not gated
     assert ledger.gate(row, {**m, "acc_a": 0.7}, 0.01) == ""
+
+
+def test_gate_where_learning_is_the_question():
+    """In distribution a "+" row is decided when one arm learned (which one is the finding); an "= 0" row needs
+    both; out of distribution both arms must have learned where the row says (``learned_on``)."""
+    m = {"seeds": 5, "in_a": 0.98, "in_b": 0.50, "learn_at": 0.75, "acc_a": 0.98, "acc_b": 0.50, "chance": 0.5}
+    plus = {"kind": "paired", "finding": "arrangement", "a": "vit_sincos", "b": "vit", "subset": "test",
+            "expect": "+"}
+    assert ledger.gate(plus, m, 0.01) == ""
+    assert ledger.gate(plus, {**m, "in_a": 0.5, "acc_a": 0.52}, 0.01) == (
+        "vit_sincos did not learn: in-distribution 0.500 (needs >= 0.750); "
+        "vit did not learn: in-distribution 0.500 (needs >= 0.750)")
+    assert ledger.gate({**plus, "expect": "0"}, m, 0.01) == "vit did not learn: in-distribution 0.500 (needs >= 0.750)"
+    cross = {**plus, "a": "swin_local_shift", "b": "swin_local", "subset": "slice/window=cross",
+             "learned_on": "slice/window=same"}
+    assert ledger.gate(cross, m, 0.01) == "swin_local did not learn: slice/window=same 0.500 (needs >= 0.750)"
+    assert ledger.gate(cross, {**m, "in_b": 0.9}, 0.01) == ""
+
+
+def test_learned_on_judges_learning_on_its_own_slice():
+    """relation.shift: swin_local learned where its windows reach (same window) and not across them, so the row
+    is decided on the cross-window slice; judged on the whole test set it would read "did not learn"."""
+    same, cross = np.arange(0, N, 2), np.arange(1, N, 2)
+    runs, items = _tiny("relation", {"swin_local_shift": 0.97, "swin_local": 0.5},
+                        {"slice/window=cross": cross, "slice/window=same": same})
+    labels = items.pools["relation"]["labels"]
+    for run in runs[runs.arch == "swin_local"].dir:  # right on every same-window item, a coin flip across
+        index, _, logits = items.runs[run]
+        logits[same] = np.eye(2)[labels[same]]
+        items.add(run, "relation", index, logits)
+    led = ledger.judge(_params({"swin_local_shift": ["relation"], "swin_local": ["relation"]}), runs, items, {},
+                       {}, 0)
+    row = led.set_index("id").loc["relation.shift.relation"]
+    assert row.reason == "" and row.in_b == 1.0 and row.verdict == "held"
 
 
 def test_learn_fraction_is_validated():

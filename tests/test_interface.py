@@ -233,7 +233,7 @@ def test_position_contract_exact_at_training_size_and_shapes_elsewhere():
     assert table.kind.to_dict() == {
         "vit": "learned", "vit_nopos": "none", "vit_sincos": "sincos", "vit_sincos_init": "learned",
         "vit_convstem": "learned", "vit_overlap": "learned", "deit": "learned", "deit_labels": "learned",
-        "swin": "swin", "swin_noshift": "swin", "swin_local": "swin",
+        "swin": "swin", "swin_noshift": "swin", "swin_local": "swin", "swin_local_shift": "swin",
         "resnet": "conv", "resnet_s1": "conv", "resnet_aa": "conv", "nomix": "none",
         "vit_hybrid": "learned", "mixer": "grid", "convmixer": "conv"}
     assert set(table.contract) <= set(POSITION_CONTRACT.values())

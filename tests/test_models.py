@@ -146,6 +146,14 @@ def _check_swin_local(model):
     assert _pixel_dependency(build_model("swin_noshift", TINY, CLASSES), "nhwc").all()  # merging mixes
 
 
+def _check_swin_local_shift(model):
+    # one stage like swin_local, but shifted blocks: tokens reach pixels beyond their fixed window
+    assert len(model.layers) == 1 and any(tuple(b.shift_size) != (0, 0) for b in model.layers[0].blocks)
+    dep = _pixel_dependency(model, "nhwc")
+    fixed = _pixel_dependency(build_model("swin_local", TINY, CLASSES), "nhwc")
+    assert (dep | ~fixed).all() and dep.sum() > fixed.sum()  # every fixed-window pixel and more
+
+
 def _check_sincos_init(model):
     assert isinstance(model.pos_embed, torch.nn.Parameter) and model.pos_embed.requires_grad
     table = timm.layers.build_sincos2d_pos_embed([TINY.geometry.grid] * 2, dim=model.embed_dim)
@@ -198,6 +206,7 @@ def _check_convmixer(model):
 DEFINING = {
     "resnet_s1": _check_resnet_s1, "resnet_aa": _check_resnet_aa, "vit_convstem": _check_same_grid_as_vit,
     "vit_overlap": _check_same_grid_as_vit, "nomix": _check_nomix, "swin_local": _check_swin_local,
+    "swin_local_shift": _check_swin_local_shift,
     "vit_sincos_init": _check_sincos_init, "deit_labels": _check_deit_labels, "vit_hybrid": _check_hybrid,
     "mixer": _check_mixer, "convmixer": _check_convmixer,
 }

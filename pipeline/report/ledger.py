@@ -34,7 +34,8 @@ from pipeline.report import cells, learnability, stats
 def _contrasts(path: Path) -> tuple[dict, ...]:
     """The minimal-pair predictions (``contrasts.csv``): ``a - b`` on ``subset`` of each task, ``expect`` "+"
     (a beats b) or "0" (no effect), with its equivalence ``margin`` and why (``margin_reason``), and the
-    literature effect it is about (``anchor``, empty when none). A row's finding (which groups rows for the
+    literature effect it is about (``anchor``, empty when none), and ``learned_on``: the slice on which both arms
+    must have learned (empty: in distribution; :func:`gate`). A row's finding (which groups rows for the
     README) and its task are its id's prefix; the ``distill.*`` rows run on every task in ``distill.tasks``."""
     rows = []
     for r in pd.read_csv(path, dtype=str, keep_default_na=False).to_dict("records"):
@@ -43,6 +44,7 @@ def _contrasts(path: Path) -> tuple[dict, ...]:
         rows.append({"id": r["id"], "finding": finding, "a": r["a"], "b": r["b"], "tasks": tasks,
                      "subset": r["subset"], "expect": r["expect"], "isolates": r["isolates"],
                      "margin": float(r["margin"]), "margin_reason": r["margin_reason"],
+                     "learned_on": r.get("learned_on", ""),
                      "anchor": float(r["anchor"]) if r["anchor"] else math.nan})
     return tuple(rows)
 
@@ -240,19 +242,33 @@ def learning_floor(floors: dict, task: str) -> float:
                default=math.nan)
 
 
+# Compared slices on which learning the task is itself the question (no held-out factor values).
+LEARNING_SUBSETS = ("test", "slice/id")
+
+
 def gate(row: dict, m: dict, tol: float) -> str:
-    """Why a paired row cannot be decided ("" when it can): an arm that did not learn in distribution, or both
-    arms at the ceiling, or both at (or below) chance, on the compared slice. Floor and exact rows are not
-    gated (a floor prediction is about not learning); a budget row (one arch, two budgets) needs no learned arm
-    (learning under the longer budget is its question) but is uninformative at the ceiling or at chance under
-    both budgets."""
+    """Why a paired row cannot be decided ("" when it can); stated in docs/design.md §4 (Learnability):
+
+    - compared out of distribution (an unseen factor value, or a slice an arm cannot reach): both arms must have
+      learned on the row's ``learned_on`` slice (default in distribution), so generalisation is compared at
+      matched learning, never a chance-level arm against a below-chance one;
+    - compared in distribution, where learning is the question: a "+" row needs at least one arm that learned
+      (the one that learned winning or losing is the finding), an "= 0" row needs both (two arms that did not
+      learn are not equivalent, only equally stuck);
+    - on the compared slice, never both at the ceiling or both at (or below) chance.
+
+    Floor and exact rows are not gated (a floor prediction is about not learning); a budget row (one arch, two
+    budgets) needs no learned arm (learning under the longer budget is its question)."""
     if row["kind"] != "paired" or not m.get("seeds"):
         return ""
     reasons = []
     if row["finding"] != "budget":
-        for arm, acc in ((row["a"], m["in_a"]), (row["b"], m["in_b"])):
-            if not acc >= m["learn_at"]:
-                reasons.append(f"{arm} did not learn: in-distribution {acc:.3f} (needs >= {m['learn_at']:.3f})")
+        where = row.get("learned_on") or "in-distribution"
+        missed = [f"{arm} did not learn: {where} {acc:.3f} (needs >= {m['learn_at']:.3f})"
+                  for arm, acc in ((row["a"], m["in_a"]), (row["b"], m["in_b"])) if not acc >= m["learn_at"]]
+        learning_is_the_question = row["subset"] in LEARNING_SUBSETS and row["expect"] == "+"
+        if not learning_is_the_question or len(missed) == 2:
+            reasons += missed
     a, b = m["acc_a"], m["acc_b"]
     if a >= 1 - tol and b >= 1 - tol:
         reasons.append(f"both at ceiling on {row['subset']}: {a:.3f} and {b:.3f}")
@@ -267,10 +283,11 @@ def _empty(row: dict) -> dict:
             "acc_b": math.nan, "in_a": math.nan, "in_b": math.nan, "ci_method": ""}
 
 
-def _in_distribution(items: cells.Items, rows: pd.DataFrame, task: str, seeds: list[int]) -> float:
-    """Mean over ``seeds`` of an arm's in-distribution accuracy: on ``slice/id`` where the task has it, else on
-    the whole test set."""
-    subset = items.subset(task, "slice/id")
+def _in_distribution(items: cells.Items, rows: pd.DataFrame, task: str, seeds: list[int],
+                     learned_on: str = "") -> float:
+    """Mean over ``seeds`` of an arm's accuracy where its learning is judged: the row's ``learned_on`` slice if
+    it names one, else ``slice/id`` where the task has it, else the whole test set."""
+    subset = items.subset(task, learned_on or "slice/id")
     got = items.matrix(rows, subset if subset is not None else items.subset(task, "test"), seeds)
     return float(got[1].mean()) if got is not None else math.nan
 
@@ -300,8 +317,8 @@ def measure_paired(row: dict, a_rows, b_rows, items: cells.Items, rp, seed: int,
             "p_out": min(1.0, out_p), "seed_sd": d["sd"],
             "item_se": stats.item_precision(ga[1], gb[1], rp.bootstrap_samples, seed, units),
             "acc_a": float(d["mean_a"].mean()), "acc_b": float(d["mean_b"].mean()),
-            "in_a": _in_distribution(items, a_rows, row["task"], seeds),
-            "in_b": _in_distribution(items, b_rows, row["task"], seeds),
+            "in_a": _in_distribution(items, a_rows, row["task"], seeds, row.get("learned_on", "")),
+            "in_b": _in_distribution(items, b_rows, row["task"], seeds, row.get("learned_on", "")),
             "ci_method": f"seed-level paired t ({unit}{d['seeds']} seeds)"}
 
 

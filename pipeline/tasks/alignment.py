@@ -9,8 +9,9 @@ all of ``0..P-1`` (``id`` = both offsets inside the training range).
 
 Difficulty knobs: ``num_classes``, ``glyph_size``, ``glyph_flips`` (two glyphs differ in exactly
 ``2 * glyph_flips`` pixels: small = similar), ``clutter`` (random foreground pixels), ``noise``.
-params.yaml draws ``noise: 8``, ``clutter: 0``: at 32 / 3 the anti-aliased and overlapping-stem arms
-never learned the glyphs in distribution (issue 27; docs/design.md section 2).
+params.yaml draws ``noise: 0``, ``clutter: 0`` and trains on offsets 0..2, so offset 3 is the unseen one: at
+offsets 0..1 every patch-based arm sat at or below chance on the unseen offsets and the rows comparing them
+decided nothing (issue 27; docs/design.md section 2 has the probes).
 
 Shortcut fix (pipeline/shortcuts.py): every glyph has the same pixel count (``glyph_bank``), because the
 foreground area alone told the 4 glyphs apart at 0.50 (chance 0.25); with equal areas it is at chance.
