@@ -11,7 +11,7 @@ from bench.params_format import dvc_form, main
 from pipeline.config import load_params
 
 ROOT = Path(__file__).resolve().parents[1]
-PROFILES = ("params.yaml", "params-quick.yaml", "params-large.yaml")
+PROFILES = ("params.yaml", "params-quick.yaml", "params-large.yaml", "params-tasks.yaml")
 
 
 def changed_lines(before: str, after: str) -> list[str]:
@@ -55,7 +55,7 @@ def test_check_flag(tmp_path, formatted, capsys):
     assert main([str(tmp_path / "missing.yaml")]) == 2
 
 
-@pytest.mark.parametrize("name", ["params.yaml", "params-quick.yaml", "params-large.yaml"])
+@pytest.mark.parametrize("name", PROFILES)
 def test_committed_params_are_in_dvc_form(name):
     """The repository's params files are what `dvc exp run -S` would write back: an -S edit is a one-line diff."""
     assert main([str(ROOT / name), "--check"]) == 0
@@ -111,6 +111,22 @@ def test_quick_profile_is_the_default_with_fewer_cells():
         assert {**spec, "tasks": None} == {**base_archs[arch], "tasks": None}, arch
         assert spec["tasks"] and set(spec["tasks"]) <= set(base_archs[arch]["tasks"]), arch
     assert _runs("params-quick.yaml") < _runs("params.yaml")
+
+
+def test_tasks_profile_is_the_quick_one_on_the_redesigned_tasks():
+    """params-tasks.yaml: params-quick.yaml on alignment, scale and relation only (issue 27's redesigns)."""
+    quick, tasks = _profile("params-quick.yaml"), _profile("params-tasks.yaml")
+    kept = ["alignment", "scale", "relation"]
+    assert tasks["tasks"]["names"] == kept and tasks["tracking"]["experiment_prefix"] == "bias-tasks"
+    expect = yaml.safe_load(yaml.safe_dump(quick))
+    expect["tasks"]["names"] = kept
+    expect["tracking"]["experiment_prefix"] = "bias-tasks"
+    expect["distill"]["tasks"] = [t for t in quick["distill"]["tasks"] if t in kept]
+    expect["evaluation"]["resolution"]["tasks"] = [t for t in quick["evaluation"]["resolution"]["tasks"] if t in kept]
+    for spec in expect["train"]["archs"].values():
+        spec["tasks"] = [t for t in spec["tasks"] if t in kept]
+    assert tasks == expect
+    assert _runs("params-tasks.yaml") < _runs("params-quick.yaml")
 
 
 def test_large_profile_gives_every_underpowered_row_its_seeds(capsys):
