@@ -10,6 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+
+from pipeline.archs import ARCHS
 from scipy import stats as sps
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestPower
@@ -108,7 +110,7 @@ N = 400
 
 def _params(archs: dict[str, list[str]]):
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
-    raw["train"]["archs"] = {a: {**s, "tasks": archs[a]} for a, s in raw["train"]["archs"].items() if a in archs}
+    raw["train"]["archs"] = {a: {"models": ARCHS[a].section, "tasks": t} for a, t in archs.items()}
     raw["train"]["grids"] = {}
     raw["distill"]["students"], raw["distill"]["teachers"] = {}, {}
     raw["report"]["bootstrap_samples"] = 200

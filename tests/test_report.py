@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from pipeline.archs import ARCHS
 from pipeline.config import ArchEntry, load_params
 from pipeline.report import cells, ledger, markdown, natural, pages, sources
 from pipeline.stages import report as report_stage
@@ -89,7 +90,7 @@ def params_path(tmp_path):
     tree = {"vit": ["alignment", "arrangement"], "resnet": ["alignment"], "vit_sincos": ["arrangement"],
             "vit_nopos": ["arrangement"], "swin_local_shift": ["relation"],
             "swin_local": ["relation"]}  # the cells _tree runs
-    raw["train"]["archs"] = {a: {**s, "tasks": tree[a]} for a, s in raw["train"]["archs"].items() if a in tree}
+    raw["train"]["archs"] = {a: {"models": ARCHS[a].section, "tasks": t} for a, t in tree.items()}
     raw["train"]["grids"] = {}
     raw["distill"]["students"], raw["distill"]["teachers"] = {}, {}
     raw["report"]["bootstrap_samples"] = 300
@@ -279,15 +280,31 @@ def test_markdown_cells_escape_the_column_separator():
     assert lines[2].count("|") - lines[2].count(r"\|") == 3  # three column borders, the cell's pipes escaped
 
 
-def test_every_predicted_contrast_is_run_at_the_default_params():
-    """The ledger's pre-registered pairs and params.yaml agree: each contrast has both arms configured on each of
-    its tasks (a pair missing from the grid would silently drop its row)."""
-    params = load_params(ROOT / "params.yaml")
+# Rows the CPU default leaves to params-large.yaml, each for a measured reason (docs/design.md §10): at 16 px
+# CIFAR-10 no ViT-family arm clears the learn threshold (reports/quick), so only the references train there; on
+# relation the position arms sit at the ceiling and the one-stage Swin pair at chance even inside one window
+# (reports/tasks); the DeiT students sit at chance on arrangement.
+DEFAULT_LEAVES_OUT = {
+    *(f"natural.{c}.natural" for c in ("position", "sincos", "pyramid", "antialias", "convstem", "overlap", "shift",
+                                        "hierarchy")),
+    "relation.shift.relation", "relation.position.relation", "relation.sincos.relation",
+    "relation.sincos_init.relation", "floor.nomix.natural",
+}
+
+
+@pytest.mark.parametrize("profile", ["params.yaml", "params-large.yaml"])
+def test_every_predicted_contrast_is_run_at_the_default_params(profile):
+    """The ledger's pre-registered pairs and the profiles agree: each contrast has both arms configured on each of
+    its tasks in the large profile, and in the default except the rows it leaves out on purpose (a pair missing
+    from the grid would silently drop its row)."""
+    params = load_params(ROOT / profile)
     planned = {row["id"] for row in ledger.plan(params)}
-    for c in ledger.CONTRASTS:
-        for task in c["tasks"] or params.distill.tasks:
-            assert f"{c['id']}.{task}" in planned, f"{c['id']} on {task}: {c['a']} or {c['b']} not configured"
-    assert {f"{f['id']}.{t}" for f in ledger.FLOOR_ROWS for t in f["tasks"]} <= planned
+    tasks = load_params(ROOT / "params.yaml").distill.tasks  # the default's distilled tasks: in both profiles
+    every = {f"{c['id']}.{t}" for c in ledger.CONTRASTS for t in c["tasks"] or tasks}
+    every |= {f"{f['id']}.{t}" for f in ledger.FLOOR_ROWS for t in f["tasks"]}
+    left_out = DEFAULT_LEAVES_OUT if profile == "params.yaml" else set()
+    assert left_out <= every and sorted(every - left_out - planned) == []
+    assert not left_out & planned  # a row the default runs again comes off the list
 
 
 @pytest.mark.parametrize("profile", ["params.yaml", "params-large.yaml"])
