@@ -10,13 +10,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-
-from pipeline.archs import ARCHS
 from scipy import stats as sps
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestPower
 from statsmodels.stats.weightstats import ttost_paired
 
+from pipeline.archs import ARCHS
 from pipeline.config import parse_params
 from pipeline.errors import ConfigError
 from pipeline.report import cells, ledger, stats
@@ -259,3 +258,27 @@ def test_budget_row_at_chance_under_both_budgets_is_uninformative():
     base = {"seeds": 3, "in_a": 0.49, "in_b": 0.48, "learn_at": 0.78, "chance": 0.5}
     assert gate(row, {**base, "acc_a": 0.49, "acc_b": 0.48}, 0.01).startswith("both at chance on test")
     assert gate(row, {**base, "in_a": 0.95, "acc_a": 0.95, "acc_b": 0.48}, 0.01) == ""
+
+
+def test_reachability_floor_row_needs_the_arm_to_learn_where_its_windows_reach():
+    """reach.swin_local ("at the floor across windows") is a reachability finding only if swin_local learned
+    the relation inside one window; at chance everywhere it sits at the floor across windows for another reason."""
+    same, cross = np.arange(0, N, 2), np.arange(1, N, 2)
+    floors = {"relation": {"chance": 0.5, "floor": 0.53, "floor_baseline": "tokens_bag",
+                           "baselines": {"tokens_bag": {"acc": 0.53, "n": N}}}}
+    subsets = {"slice/window=cross": cross, "slice/window=same": same}
+    params = _params({"swin_local": ["relation"]})
+
+    runs, items = _tiny("relation", {"swin_local": 0.5}, subsets)
+    row = ledger.judge(params, runs, items, floors, {}, 0).set_index("id").loc["reach.swin_local.relation"]
+    # learn_at = base + 0.5 x (1 - base), base = max(chance, floor, analytic 0.75) = 0.75 -> 0.875
+    assert row.verdict == "uninformative" and row.reason.startswith("swin_local did not learn: slice/window=same 0.")
+    assert row.reason.endswith("(needs >= 0.875)")
+
+    labels = items.pools["relation"]["labels"]
+    for run in runs.dir:  # right on every same-window item, a coin flip across windows
+        index, _, logits = items.runs[run]
+        logits[same] = np.eye(2)[labels[same]]
+        items.add(run, "relation", index, logits)
+    row = ledger.judge(params, runs, items, floors, {}, 0).set_index("id").loc["reach.swin_local.relation"]
+    assert row.reason == "" and row.in_a == 1.0 and row.verdict == "held"

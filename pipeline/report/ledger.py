@@ -60,7 +60,7 @@ FLOOR_MARGIN = {"margin": 0.0, "margin_reason": "none: judged against the floor'
 # Predicted "at the shortcut floor" (one arm vs the task's floor; `exclude` = baselines that are the arm itself).
 FLOOR_ROWS = (
     {"id": "reach.swin_local", "finding": "relation", "a": "swin_local", "tasks": ("relation",),
-     "subset": "slice/window=cross", "exclude": (),
+     "subset": "slice/window=cross", "exclude": (), "learned_on": "slice/window=same",
      "isolates": "reachability: one windowed stage without shift never joins marks in different windows",
      **FLOOR_MARGIN},
     {"id": "floor.nomix", "finding": "floors", "a": "nomix", "tasks": ("alignment", "scale", "relation",
@@ -257,8 +257,12 @@ def gate(row: dict, m: dict, tol: float) -> str:
       learn are not equivalent, only equally stuck);
     - on the compared slice, never both at the ceiling or both at (or below) chance.
 
-    Floor and exact rows are not gated (a floor prediction is about not learning); a budget row (one arch, two
-    budgets) needs no learned arm (learning under the longer budget is its question)."""
+    Exact rows are not gated, nor floor rows (a floor prediction is about not learning) except one that names a
+    ``learned_on`` slice: "at the floor where the arm cannot reach" says something only if the arm learned where
+    it can (a model at chance everywhere sits at the floor across windows too, for another reason). A budget row
+    (one arch, two budgets) needs no learned arm (learning under the longer budget is its question)."""
+    if row["kind"] == "floor" and row.get("learned_on") and m.get("seeds") and not m["in_a"] >= m["learn_at"]:
+        return f"{row['a']} did not learn: {row['learned_on']} {m['in_a']:.3f} (needs >= {m['learn_at']:.3f})"
     if row["kind"] != "paired" or not m.get("seeds"):
         return ""
     reasons = []
@@ -328,13 +332,15 @@ def measure_floor(row: dict, a_rows, items: cells.Items, rp, seed: int, floor: f
     got = items.matrix(a_rows, items.subset(row["task"], row["subset"]), with_index=True)
     if got is None or floor != floor:
         return {}
+    learned = row.get("learned_on", "")
+    in_a = _in_distribution(items, a_rows, row["task"], sorted(set(a_rows.seed)), learned) if learned else math.nan
     units = _units(items, row["task"], got[2])
     acc = stats.unit_means(got[1], units)
     d = stats.seed_interval(acc - floor, rp.confidence)
     return {"seeds": d["seeds"], "items": int(got[1].shape[1]), "estimate": d["estimate"], "ci_lo": d["ci_lo"],
             "ci_hi": d["ci_hi"], "p": stats.one_sided_p(acc, bound, "two-sided"), "seed_sd": d["sd"],
             "item_se": stats.item_precision(got[1], None, rp.bootstrap_samples, seed, units),
-            "acc_a": float(acc.mean()), "ci_method": f"seed-level t of a - floor ({d['seeds']} seeds)"}
+            "acc_a": float(acc.mean()), "in_a": in_a, "ci_method": f"seed-level t of a - floor ({d['seeds']} seeds)"}
 
 
 def measure(row: dict, runs: pd.DataFrame, items: cells.Items, config: dict, floors: dict, rp, seed: int) -> dict:
