@@ -1,6 +1,7 @@
 """What a profile's ``dvc repro`` should take on this machine, before anything runs.
 
-    python -m bench.estimate [--params params-quick.yaml] [--timing reports/repro_timing.json] [--vit-ms 10.9]
+    python -m bench.estimate [--params params-quick.yaml ...] [--timing reports/repro_timing.json] [--vit-ms 10.9]
+    python -m bench.estimate --all     # every committed profile (params*.yaml), one ViT measurement for all
 
 Prices every run the profile's grid lists (tune trials, teachers, train runs: ``pipeline.grid``) with the
 committed study's measured figures per ``<arch>/<task>`` cell (``repro_timing.json``'s ``training.cells``, written
@@ -77,7 +78,8 @@ def this_machine_vit_ms() -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--params", type=Path, default=Path("params.yaml"))
+    ap.add_argument("--params", type=Path, nargs="+", default=[Path("params.yaml")])
+    ap.add_argument("--all", action="store_true", help="every params*.yaml of this checkout")
     ap.add_argument("--timing", type=Path, default=Path("reports/repro_timing.json"))
     ap.add_argument("--vit-ms", type=float, help="this machine's ms per ViT step (default: measured now)")
     args = ap.parse_args(argv)
@@ -88,13 +90,20 @@ def main(argv: list[str] | None = None) -> int:
     ref = timing["machine_steps_s"]
     study_ms = ref["s"]["vit"] / ref["steps"] * 1e3
     here_ms = args.vit_ms or this_machine_vit_ms()
-    table = estimate(load_params(args.params), timing, here_ms / study_ms)
-    total, cap = round(table.expected_s.sum() / 60), round(table.cap_s.sum() / 60)
-    print(f"{args.params}: expected dvc repro {total} min ({total // 60}:{total % 60:02d}), at most {cap} min with "
-          f"every run at its cap; this machine's ViT step {here_ms:.2f} ms, the study's {study_ms:.2f} ms "
-          f"({args.timing})")
-    print((table[["runs", "expected_s", "cap_s"]] / [1, 60, 60]).rename(
-        columns={"expected_s": "expected_min", "cap_s": "cap_min"}).to_markdown(floatfmt=".1f"))
+    profiles = sorted(Path(".").glob("params*.yaml")) if args.all else args.params
+    summary = []
+    for path in profiles:
+        table = estimate(load_params(path), timing, here_ms / study_ms)
+        total, cap = round(table.expected_s.sum() / 60), round(table.cap_s.sum() / 60)
+        print(f"{path}: expected dvc repro {total} min ({total // 60}:{total % 60:02d}), at most {cap} min with "
+              f"every run at its cap; this machine's ViT step {here_ms:.2f} ms, the study's {study_ms:.2f} ms "
+              f"({args.timing})")
+        print((table[["runs", "expected_s", "cap_s"]] / [1, 60, 60]).rename(
+            columns={"expected_s": "expected_min", "cap_s": "cap_min"}).to_markdown(floatfmt=".1f"))
+        summary.append({"profile": str(path), "runs": int(table.runs.sum()), "expected_min": total, "cap_min": cap})
+    if len(summary) > 1:
+        print(f"\nEvery profile at {here_ms:.2f} ms per ViT step:")
+        print(pd.DataFrame(summary).to_markdown(index=False))
     return 0
 
 

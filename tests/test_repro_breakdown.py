@@ -129,3 +129,16 @@ def test_estimate_prices_every_run_of_a_profile():
     # other stages: the study's seconds x the factor, only for tasks the profile has (tiny: no natural)
     assert table.loc["data@alignment", "expected_s"] == 8.0 and table.loc["report", "expected_s"] == 12.0
     assert "data@natural" not in table.index and "tune" not in table.index
+
+
+def test_estimate_all_prices_every_committed_profile(capsys, monkeypatch):
+    from bench import estimate
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)
+    assert estimate.main(["--all", "--vit-ms", "10.0", "--timing", "reports/quick/repro_timing.json"]) == 0
+    out = capsys.readouterr().out
+    profiles = sorted(p.name for p in root.glob("params*.yaml"))
+    assert len(profiles) >= 4 and all(f"{p}: expected dvc repro" in out for p in profiles)
+    summary = out.split("Every profile at 10.00 ms per ViT step:")[1]
+    assert all(f"| {p} " in summary for p in profiles)
