@@ -120,21 +120,32 @@ def wide(curve: pd.DataFrame, x: str, columns: list[str], value: str = "mean") -
     return table.reindex(columns=columns).reset_index().rename_axis(columns=None)
 
 
-def distillation_table(runs: pd.DataFrame, agreements: pd.DataFrame) -> pd.DataFrame:
-    """Per task x arch (label-only ViT, students, teachers): seeds, mean test accuracy (intervals: the accuracy
-    table), its teacher, the mean agreement with every teacher on the test split (``agree_<teacher>``), on its
-    out-of-distribution slice (``agree_ood_<teacher>``) and on the items that teacher gets wrong
-    (``agree_wrong_<teacher>``: where a transferred bias shows, since the labels never say so).
+def distillation_table(runs: pd.DataFrame, agreements: pd.DataFrame, accuracy: pd.DataFrame | None = None,
+                       disagreement: dict | None = None) -> pd.DataFrame:
+    """Per task x arch (the arms of the distillation rows, and the teachers): seeds, mean test accuracy, its
+    teacher and that teacher's disagreement with the labels on the students' training images
+    (``teacher_disagrees``), in- and out-of-distribution accuracy with seed-level intervals (``accuracy``: rows
+    task, arch, source, slice, mean, ci_lo, ci_hi), the mean agreement with every teacher on the test split
+    (``agree_<teacher>``), on its out-of-distribution slice (``agree_ood_<teacher>``) and on the items that
+    teacher gets wrong (``agree_wrong_<teacher>``: where a transferred bias shows, since the labels never say so).
 
-    agreements: rows (task, arch, source, seed, teacher, agreement) computed from predictions.npz.
+    runs: the main grid's runs and the teachers (one training configuration: a mean over several sizes or budgets
+    would mix cells); agreements: rows (task, arch, source, seed, teacher, agreement) from predictions.npz.
     """
     if agreements.empty:
         return pd.DataFrame()
     keys = ["task", "arch", "source"]
     pool = runs.merge(agreements[keys].drop_duplicates(), on=keys)
-    acc = pool.groupby(keys, as_index=False).agg(seeds=("seed", "nunique"), mean=("test_acc", "mean"),
+    out = pool.groupby(keys, as_index=False).agg(seeds=("seed", "nunique"), mean=("test_acc", "mean"),
                                                  teacher_arch=("teacher_arch", "first"))
-    out = acc
+    rates = disagreement or {}
+    out["teacher_disagrees"] = [rates.get((t, task), math.nan) if isinstance(t, str) else math.nan
+                                for t, task in zip(out.teacher_arch, out.task, strict=True)]
+    for name, g in (accuracy.groupby("slice") if accuracy is not None and len(accuracy) else ()):
+        tag = name.removeprefix("slice/")
+        wide = g.set_index(keys)[["mean", "ci_lo", "ci_hi"]].rename(
+            columns={"mean": f"acc_{tag}", "ci_lo": f"acc_{tag}_lo", "ci_hi": f"acc_{tag}_hi"})
+        out = out.merge(wide.reset_index(), on=keys, how="left")
     for value, prefix in (("agreement", "agree_"), ("agree_ood", "agree_ood_"),
                           ("agree_teacher_wrong", "agree_wrong_")):
         if value not in agreements or agreements[value].isna().all():

@@ -94,6 +94,19 @@ def seed_accuracy(per_seed, level: float) -> dict:
     return {"mean": b["estimate"], "ci_lo": b["ci_lo"], "ci_hi": b["ci_hi"]}
 
 
+def slice_accuracy(runs: pd.DataFrame, items: Items, slices: tuple[str, ...], level: float) -> pd.DataFrame:
+    """Per (task, arch, source) of ``runs`` and per slice it has: mean over seeds of each seed's accuracy on the
+    slice's items, with its seed-level t interval (NaN with one seed, e.g. a teacher)."""
+    rows = []
+    for (task, arch, source), g in runs.groupby(["task", "arch", "source"], sort=True):
+        for name in slices:
+            idx = items.subset(task, name)
+            if idx is not None and (got := items.matrix(g, idx)) is not None:
+                rows.append({"task": task, "arch": arch, "source": source, "slice": name,
+                             **seed_accuracy(got[1].mean(axis=1), level)})
+    return pd.DataFrame(rows, columns=["task", "arch", "source", "slice", "mean", "ci_lo", "ci_hi"])
+
+
 def cell_summary(rows: pd.DataFrame, items: Items, rp, seed: int) -> dict:
     """Mean, seed-level t CI, k of n seeds >= escape threshold (Clopper-Pearson), bimodality. The per-seed
     accuracy is the seed's mean over the shared test items (or its recorded test_acc without item data)."""

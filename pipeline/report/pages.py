@@ -119,8 +119,13 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
     slice_tab = cells.slice_table(runs, inp.items, config, rp, seed)
     led = ledger.judge(inp.params, runs, inp.items, inp.floors, inp.disagreement, seed, inp.collisions)
     learn = learnability_table(inp, config)
-    students = dict(inp.params.distill.students)
-    agree = sources.agreements(runs, students, list(inp.params.distill.tasks), inp.items)
+    # the distillation rows' arms (students, deit_labels, vit) in the main grid, beside the teachers
+    arms = sorted({c[arm] for c in ledger.CONTRASTS if c["id"].startswith("distill.") for arm in ("a", "b")})
+    distilled = pd.concat([runs[runs.source == "teachers"], *(cells.select(runs, t, a, config) for a in arms
+                                                              for t in inp.params.distill.tasks)])
+    agree = sources.agreements(distilled, arms, list(inp.params.distill.tasks), inp.items)
+    distill_acc = cells.slice_accuracy(distilled[distilled.arch.isin(arms) | (distilled.source == "teachers")],
+                                       inp.items, ("slice/id", "slice/ood"), rp.confidence)
     floors = markdown.floors_line(inp.floors)
     flags = markdown.floor_flags(inp.floors)
     if flags:
@@ -140,12 +145,16 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
             out, "budget", "Budget per run group", "Counts: analytic; wall time, images/s, peak RSS: measured, "
             "seed mean. Teacher compute is charged in full to every student.", agg.budget_table(runs)),
         "distillation attribution": _table(
-            out, "distillation", "Distillation: accuracy and agreement with each teacher", "`agree_<teacher>`: share "
-            "of test items predicted like that teacher (seed mean); `agree_ood_<teacher>`: the same on the "
-            "out-of-distribution slice; `agree_wrong_<teacher>`: on the items that teacher gets wrong, where only "
-            "an inherited bias makes a student agree (a label-trained model agrees there by chance or by a shared "
-            "error). Paired contrasts with CIs: the ledger.",
-            agg.distillation_table(runs, agree), empty="not run (distillation disabled)"),
+            out, "distillation", "Distillation: accuracy and agreement with each teacher", "Main grid (one "
+            "training configuration) and the teachers. `teacher_disagrees`: the student's teacher against the "
+            "true labels on the students' training images (from its provenance). `acc_id`, `acc_ood`: accuracy "
+            "in and out of distribution, seed mean with its seed-level t interval (`_lo`, `_hi`; none for a "
+            "one-seed teacher). `agree_<teacher>`: share of test items predicted like that teacher (seed mean); "
+            "`agree_ood_<teacher>`: the same on the out-of-distribution slice; `agree_wrong_<teacher>`: on the "
+            "items that teacher gets wrong, where only an inherited bias makes a student agree (a label-trained "
+            "model agrees there by chance or by a shared error). Paired contrasts with CIs: the ledger.",
+            agg.distillation_table(distilled, agree, distill_acc, inp.disagreement),
+            empty="not run (distillation disabled)"),
         "data-size curve": _table(out, "size_curve", "Test accuracy vs training-set size", f"{note}\n\n{floors}",
                                   size_tab, empty="not run (no data-size curve)"),
         "collisions on trained weights": _table(

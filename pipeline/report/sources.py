@@ -192,8 +192,9 @@ def agreement(index_a: np.ndarray, logits_a: np.ndarray, index_b: np.ndarray, lo
     return float((logits_a[ia].argmax(-1) == logits_b[ib].argmax(-1)).mean())
 
 
-def agreements(runs: pd.DataFrame, students: dict[str, str], teacher_tasks: list[str], items=None) -> pd.DataFrame:
-    """Agreement of every student, the label-only ``vit`` and each teacher with every teacher, per seed.
+def agreements(runs: pd.DataFrame, arms, teacher_tasks: list[str], items=None) -> pd.DataFrame:
+    """Agreement of every arm in ``arms`` (students and their label-only controls) and each teacher with every
+    teacher, per seed.
 
     Rows: task, arch, source, seed, teacher, agreement (on the shared test split, from predictions.npz) and, with
     ``items`` (:class:`pipeline.report.cells.Items`: the pools' labels and slices), ``agree_ood`` (on the
@@ -202,7 +203,7 @@ def agreements(runs: pd.DataFrame, students: dict[str, str], teacher_tasks: list
     """
 
     teachers = runs[runs.source == "teachers"]
-    pool = runs[(runs.source == "runs") & runs.arch.isin(["vit", *students]) | (runs.source == "teachers")]
+    pool = runs[(runs.source == "runs") & runs.arch.isin(list(arms)) | (runs.source == "teachers")]
     rows = []
     for t in teachers.itertuples():
         if t.task not in teacher_tasks or (tp := read_predictions(t.dir)) is None:
