@@ -24,6 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline.config import load_params
+from pipeline.errors import ConfigError
 from pipeline.grid import Folders, teacher_specs, train_specs, tune_specs
 
 MEASURE_STEPS = 300
@@ -93,7 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     profiles = sorted(Path(".").glob("params*.yaml")) if args.all else args.params
     summary = []
     for path in profiles:
-        table = estimate(load_params(path), timing, here_ms / study_ms)
+        try:
+            params = load_params(path)
+        except ConfigError as err:  # one line naming the file and key, as the stages say it
+            raise SystemExit(f"error: {err}") from None
+        table = estimate(params, timing, here_ms / study_ms)
         total, cap = round(table.expected_s.sum() / 60), round(table.cap_s.sum() / 60)
         print(f"{path}: expected dvc repro {total} min ({total // 60}:{total % 60:02d}), at most {cap} min with "
               f"every run at its cap; this machine's ViT step {here_ms:.2f} ms, the study's {study_ms:.2f} ms "

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -57,6 +59,11 @@ def plan(ledger: pd.DataFrame, params) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["id", "needs", "needed", "given", "missing"])
 
 
+def training_seeds(params, n: int) -> list[int]:
+    """The first ``n`` seeds a run may train with: every seed but ``tune.seed`` (the trials' own)."""
+    return [s for s in range(n + 1) if s != params.tune.seed][:n]
+
+
 def grids(ledger: pd.DataFrame, table: pd.DataFrame, params) -> dict[str, dict]:
     """``train.grids`` entries that give each row still short of seeds its ``needed`` seeds on every arm."""
     out = {}
@@ -67,7 +74,7 @@ def grids(ledger: pd.DataFrame, table: pd.DataFrame, params) -> dict[str, dict]:
             if len(seeds_of(params, arch, row["task"], steps, mode)) >= p["needed"]:
                 continue  # this arm has its seeds already
             name = f"{PREFIX}{arch}_{row['task']}" + (f"_{mode}{steps}" if steps else "")
-            grid = {"archs": [arch], "tasks": [row["task"]], "seeds": list(range(int(p["needed"])))}
+            grid = {"archs": [arch], "tasks": [row["task"]], "seeds": training_seeds(params, int(p["needed"]))}
             if steps:
                 grid |= {"steps": [steps], "budget_mode": mode}
             if name not in out or len(out[name]["seeds"]) < len(grid["seeds"]):
@@ -84,22 +91,27 @@ def main(argv: list[str] | None = None) -> int:
                     help="add the missing grids to --params with DVC's own -S writer (comments kept)")
     args = ap.parse_args(argv)
     ledger = pd.read_csv(args.ledger)
-    if args.write:  # a fresh plan: the grids an earlier ledger asked for go first
-        from dvc.utils.hydra import apply_overrides
+    with tempfile.TemporaryDirectory() as tmp:  # --write edits a copy; the profile changes only once it validates
+        work = Path(tmp) / "params.yaml"
+        shutil.copyfile(args.params, work)
+        if args.write:  # a fresh plan: the grids an earlier ledger asked for go first
+            from dvc.utils.hydra import apply_overrides
 
-        stale = [g for g in load_params(args.params).train.grids if g.startswith(PREFIX)]
-        if stale:
-            apply_overrides(args.params, [f"~train.grids.{g}" for g in stale])
-    params = load_params(args.params)
-    table = plan(ledger, params)
-    print(table.to_markdown(index=False) if len(table) else "no underpowered row")
-    needed = grids(ledger, table, params)
-    if needed:
-        print(f"\n# train.grids entries {args.params} lacks:")
-        print(yaml.safe_dump(needed, sort_keys=False, default_flow_style=None))
+            stale = [g for g in load_params(work).train.grids if g.startswith(PREFIX)]
+            if stale:
+                apply_overrides(work, [f"~train.grids.{g}" for g in stale])
+        params = load_params(work)
+        table = plan(ledger, params)
+        print(table.to_markdown(index=False) if len(table) else "no underpowered row")
+        needed = grids(ledger, table, params)
+        if needed:
+            print(f"\n# train.grids entries {args.params} lacks:")
+            print(yaml.safe_dump(needed, sort_keys=False, default_flow_style=None))
         if args.write:
-            write(args.params, needed)
-            print(f"added {len(needed)} grids to {args.params}")
+            if needed:
+                write(work, needed)
+            shutil.copyfile(work, args.params)
+            print(f"{args.params}: {len(needed)} power grids")
             return 0
     return 1 if args.check and needed else 0
 
@@ -114,7 +126,7 @@ def write(path: Path, new: dict[str, dict]) -> None:
     overrides = ["+train.grids." + name + "={" + ",".join(f"{k}:{value(v)}" for k, v in grid.items()) + "}"
                  for name, grid in new.items()]
     apply_overrides(path, overrides)
-    load_params(path)  # still a valid profile
+    load_params(path)  # still a valid profile (a ConfigError leaves the caller's file as it was)
 
 
 if __name__ == "__main__":

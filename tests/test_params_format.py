@@ -194,3 +194,23 @@ def test_every_main_grid_cell_has_a_reader(profile):
 
     readers = cell_readers(load_params(ROOT / profile), _figure_archs())
     assert not sorted(cell for cell, who in readers.items() if not who)
+
+
+def test_seed_plan_never_asks_for_the_tune_seed():
+    # tune.seed is the trials' own seed: a power grid that trained it would be refused by the params schema
+    from bench import seed_plan
+
+    params = load_params(ROOT / "params.yaml")
+    seeds = seed_plan.training_seeds(params, params.tune.seed + 2)
+    assert params.tune.seed not in seeds and len(seeds) == params.tune.seed + 2 == len(set(seeds))
+
+
+def test_every_plotted_column_exists_in_every_profile():
+    # A y column dvc.yaml lists but a plot CSV lacks makes DVC draw that plot blank; the report writes a column
+    # for every architecture of the table and every configured student, so the lists may name only those.
+    from pipeline.archs import ARCHS
+
+    listed = set().union(*_figure_archs().values())
+    for profile in PROFILES:
+        columns = set(ARCHS) | set(load_params(ROOT / profile).distill.students)
+        assert listed and sorted(listed - columns) == [], profile

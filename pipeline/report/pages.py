@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline import io, repository
+from pipeline.archs import ARCHS
 from pipeline.report import aggregate as agg
 from pipeline.report import cells, collisions, learnability, ledger, markdown, natural, sources
 from pipeline.report import figures as fig
@@ -288,9 +289,10 @@ def dx_curve(grid: pd.DataFrame, train_range: tuple[int, int]) -> pd.DataFrame:
 
 def plot_tables(inp: Inputs, out: Path, curves: dict[str, pd.DataFrame], size_tab: pd.DataFrame,
                 main: pd.DataFrame | None = None) -> None:
-    """The CSVs behind dvc.yaml's `plots:`: one column per configured architecture (empty if not run), and the
-    data-size points in long form (see :func:`size_points`)."""
-    archs = list(ledger.configured_cells(inp.params))
+    """The CSVs behind dvc.yaml's `plots:`: one column per architecture of the table and per configured one
+    (empty where not run: DVC draws a plot with an empty column, but none at all when a listed column is missing,
+    and every profile shares dvc.yaml's lists), and the data-size points in long form (see :func:`size_points`)."""
+    archs = list(dict.fromkeys([*ARCHS, *ledger.configured_cells(inp.params)]))
     for name, curve in curves.items():
         io.write_with(out / "tables" / f"plot_{name}.csv",
                       lambda f, c=curve: agg.wide(c, "x", archs).to_csv(f, index=False, float_format="%.6g"))
