@@ -97,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.write:  # a fresh plan: the grids an earlier ledger asked for go first
             from dvc.utils.hydra import apply_overrides
 
-            stale = [g for g in load_params(work).train.grids if g.startswith(PREFIX)]
+            # read raw: an earlier plan may no longer validate (a seed that is now a tune seed)
+            grids_now = (yaml.safe_load(work.read_text()).get("train") or {}).get("grids") or {}
+            stale = [g for g in grids_now if g.startswith(PREFIX)]
             if stale:
                 apply_overrides(work, [f"~train.grids.{g}" for g in stale])
         params = load_params(work)

@@ -16,7 +16,9 @@ Errors in the arguments or missing inputs are one line and exit 2, as in the sta
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -51,6 +53,8 @@ def smoke(args: argparse.Namespace) -> int:
     from bench import tiny
 
     dest = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bias-smoke-"))
+    if args.keep and dest.exists() and not dest.is_dir():
+        raise StageError(f"--keep {dest}: a file, not a folder")
     if args.keep and dest.exists() and any(dest.iterdir()):
         raise StageError(f"--keep {dest}: not an empty folder (the smoke copy needs its own)")
     t0 = time.perf_counter()
@@ -217,14 +221,21 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     for name in ("steps", "lr"):
-        if getattr(args, name, None) is not None and getattr(args, name) <= 0:
-            print(f"error: --{name.replace('_', '-')} {getattr(args, name)}: must be positive", file=sys.stderr)
+        value = getattr(args, name, None)
+        if value is not None and not (math.isfinite(value) and value > 0):  # nan > 0 is False, but so is nan <= 0
+            print(f"error: --{name.replace('_', '-')} {value}: must be a positive finite number", file=sys.stderr)
             return 2
     try:
         return args.fn(args)
-    except (ConfigError, StageError) as err:
+    except (ConfigError, StageError, FloatingPointError) as err:  # FloatingPointError: a run diverged (named)
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:
+        if err.errno in (errno.ENOTDIR, errno.EEXIST, errno.EISDIR) and err.filename:
+            print(f"error: {err.filename}: {os.strerror(err.errno).lower()} (a file where a folder goes, or the "
+                  "reverse)", file=sys.stderr)
+            return 2
+        raise
 
 
 if __name__ == "__main__":

@@ -19,6 +19,15 @@ from pipeline.errors import ConfigError
 from pipeline.shapes import coinciding_shapes
 
 PosInt = Annotated[int, Field(gt=0)]
+# Architecture counts (blocks, heads): far above any model this pipeline solves widths for, far below what makes
+# building one take minutes or gigabytes before any check could say so.
+Count = Annotated[int, Field(gt=0, le=256)]
+# Names that become folders (data/runs/<name>, train.grids.<name>) and MLflow names: no path separators, no "..",
+# no control characters.
+NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+Name = Annotated[str, Field(pattern=NAME)]
+# A string a user sets (a URI, an address, a Lightning knob): not empty, nothing a log line or a name breaks on.
+Text = Annotated[str, Field(min_length=1, pattern=r"^[^\x00-\x1f\x7f]+$")]
 NonNegInt = Annotated[int, Field(ge=0)]
 PosFloat = Annotated[float, Field(gt=0)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
@@ -80,11 +89,11 @@ class Interface(Section):
     num_heads: PosInt
     small_tokens: Annotated[int, Field(gt=1, le=7)]  # every permutation (n! of them)
     large_tokens: PosInt
-    random_permutations: PosInt
+    random_permutations: Annotated[int, Field(gt=0, le=10_000)]  # one forward pass each
     atol: PosFloat  # float32 tolerance for "equal"
     exact_tol: PosFloat  # float64 tolerance for "equal" (the exact identities)
     image_size: PosInt  # images of the whole-ViT collision and permutation checks
-    depth: PosInt  # blocks of those whole ViTs
+    depth: Count  # blocks of those whole ViTs
     probes: PosInt  # reachability: random inputs whose Jacobian sparsity is united (ReLU gates)
     jacobian_cut: Annotated[float, Field(gt=0, lt=1)]  # |dy/dx| below cut * max counts as 0
     pair_counts: PairCounts
@@ -106,16 +115,16 @@ class Interface(Section):
 
 # --------------------------------------------------------------------------- models
 class ViTParams(Section):
-    depth: PosInt
-    num_heads: PosInt
+    depth: Count
+    num_heads: Count
     mlp_ratio: PosFloat
 
 
 class SwinParams(Section):
     patch_size: PosInt
     window_size: PosInt
-    depths: list[PosInt]  # blocks per stage; a patch merging between stages
-    num_heads: list[PosInt]  # one entry per stage
+    depths: list[Count]  # blocks per stage; a patch merging between stages
+    num_heads: list[Count]  # one entry per stage
     mlp_ratio: PosFloat
 
     @model_validator(mode="after")
@@ -156,18 +165,19 @@ class ArchEntry(Section):
     """One trained architecture: the models.<section> it reads and the tasks where its contrast matters."""
 
     models: str
-    tasks: list[str]
+    tasks: Annotated[list[str], Field(min_length=1)]  # an arch on no task: drop its entry instead
 
 
 class Grid(Section):
     """Extra axes over the main grid; an omitted key takes the main grid's value."""
 
-    archs: list[str] | None = None  # omitted: every train.archs entry
-    tasks: list[str] | None = None  # omitted: each arch's own tasks
-    sizes: list[PosInt] | None = None  # omitted: [train.size]
-    steps: list[PosInt] | None = None  # omitted: [train.recipe.steps]
-    seeds: list[NonNegInt] | None = None  # omitted: train.seeds
-    data_seeds: list[NonNegInt] | None = None  # omitted: [0] (the slice stage's subset)
+    # an empty list would make a grid of no runs: omit the key instead
+    archs: Annotated[list[str], Field(min_length=1)] | None = None  # omitted: every train.archs entry
+    tasks: Annotated[list[str], Field(min_length=1)] | None = None  # omitted: each arch's own tasks
+    sizes: Annotated[list[PosInt], Field(min_length=1)] | None = None  # omitted: [train.size]
+    steps: Annotated[list[PosInt], Field(min_length=1)] | None = None  # omitted: [train.recipe.steps]
+    seeds: Annotated[list[NonNegInt], Field(min_length=1)] | None = None  # omitted: train.seeds
+    data_seeds: Annotated[list[NonNegInt], Field(min_length=1)] | None = None  # omitted: [0] (the slice subset)
     budget_mode: BudgetMode | None = None  # omitted: train.recipe.budget_mode
 
 
@@ -198,13 +208,14 @@ class Runtime(Section):
     """How runs execute. Lightning's own scaling knobs go straight to ``lightning.Trainer`` (README "Scaling")."""
 
     workers: PosInt  # runs side by side, one process each (2 cores: two 1-thread processes)
-    scheduler: str | None  # a Dask scheduler address; null: a loopback LocalCluster of `workers`
-    threads: PosInt  # torch threads per process
-    accelerator: str
-    devices: int | str
-    strategy: str
+    scheduler: Text | None  # a Dask scheduler address; null: a loopback LocalCluster of `workers`
+    threads: Annotated[int, Field(gt=0, le=1024)]  # torch threads per process
+    accelerator: Literal["cpu", "gpu", "cuda", "mps", "tpu", "auto"]  # lightning.Trainer's names
+    devices: PosInt | Literal["auto"]
+    strategy: Text
     num_nodes: PosInt
-    precision: str
+    precision: Literal["32-true", "32", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true", "64",
+                       "transformer-engine"]
     val_every_steps: PosInt
     log_every_steps: PosInt
     checkpoint_every_steps: PosInt  # resume granularity after an interruption
@@ -244,7 +255,11 @@ class Train(Section):
             if entry.models != arch_section(arch):
                 raise ValueError(f"archs.{arch}.models: {arch} reads models.{arch_section(arch)}, "
                                  f"not models.{entry.models}")
+        import re
+
         for name, grid in self.grids.items():
+            if not re.match(NAME, name):
+                raise ValueError(f"grids.{name}: a grid name is part of run names; use letters, digits, _ . -")
             if unknown := [a for a in grid.archs or [] if a not in self.archs]:
                 raise ValueError(f"grids.{name}.archs: {unknown} not in train.archs")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
@@ -266,7 +281,7 @@ class Distill(Section):
     """Teachers (trained by the ``teacher`` stage) and the DeiT students distilled from them."""
 
     teachers: dict[str, str]  # teacher arch: its models section
-    students: dict[str, str]  # student name -> its teacher arch
+    students: dict[Name, str]  # student name (its run folder) -> its teacher arch
     tasks: list[str]
     teacher_seed: NonNegInt
     # Teachers train on train_<teacher_size> minus the students' train_<train.size> (nested subsets): a
@@ -326,8 +341,8 @@ class Report(Section):
 # --------------------------------------------------------------------------- tracking
 class Tracking(Section):
     # None: sqlite:///<repository root>/mlflow.db (absolute, so `dvc exp run --queue` copies log to it)
-    tracking_uri: str | None
-    experiment_prefix: str
+    tracking_uri: Text | None
+    experiment_prefix: Name  # the MLflow experiments' names start with it
 
 
 # --------------------------------------------------------------------------- tasks (level 2 data) and slicing
@@ -589,6 +604,18 @@ class Params(Section):
         i = self.interface
         d, fan_in = max(i.widths), i.patch_size**2 * g.channels
         needs.append(("interface.widths", d, 16 * d * fan_in, f"a width-{d} embedding of {fan_in} inputs x 16 bytes"))
+        # the exact checks' largest tensors: an (n x n) attention map per head at large_tokens, a (pixels x
+        # pixels) Jacobian per probe at interface.image_size, a (tokens x tokens) Swin mask at pair_counts
+        pixels = i.image_size**2 * g.channels
+        needs.append(("interface.large_tokens", i.large_tokens, 8 * i.large_tokens**2 * i.num_heads,
+                      f"a {i.large_tokens} x {i.large_tokens} float64 attention map per head"))
+        needs.append(("interface.image_size", i.image_size, 8 * pixels**2,
+                      f"a ({pixels} x {pixels}) float64 Jacobian of a {i.image_size} px image"))
+        needs.append(("interface.probes", i.probes, 8 * pixels**2 * min(i.probes, 2**40),
+                      f"{i.probes} Jacobians of {pixels} x {pixels} float64"))
+        grid_tokens = max((i.pair_counts.image_size // p) ** 2 for p in i.pair_counts.patch_sizes)
+        needs.append(("interface.pair_counts.image_size", i.pair_counts.image_size, grid_tokens**2 // 8,
+                      f"a {grid_tokens} x {grid_tokens} token-pair mask"))
         for key, value, need, what in needs:
             if need > have:
                 raise ValueError(f"{key}: {value} is too large: {what} take {need / 2**30:.1f} GiB, more than "

@@ -245,6 +245,11 @@ def _store_lock(uri: str) -> Iterator[None]:
     if uri.startswith("sqlite:///"):
         lock = Path(uri.removeprefix("sqlite:///") + ".lock")
         lock.parent.mkdir(parents=True, exist_ok=True)
+        try:  # FileLock would retry a lock file it can never create for LOCK_TIMEOUT_S, then blame another process
+            lock.touch(exist_ok=True)
+        except OSError as err:
+            raise StageError(f"tracking store {uri}: cannot create the lock {lock}: "
+                             f"{os.strerror(err.errno).lower() if err.errno else err}") from None
         try:
             with FileLock(lock, timeout=LOCK_TIMEOUT_S):
                 yield

@@ -41,7 +41,9 @@ def test_run_one_refuses_what_the_grid_lacks_in_one_line(make_tiny_repo):
     for args, says in [(("--arch", "vit", "--task", "scale"), "--arch vit --task scale: not a cell"),
                        (("--arch", "vit", "--task", "alignment", "--seed", "9"), "--seed 9: not in train.seeds"),
                        (("--arch", "vit", "--task", "alignment"), "data/tasks/alignment: missing"),
-                       (("--arch", "vit", "--task", "alignment", "--steps", "0"), "--steps 0: must be positive")]:
+                       (("--arch", "vit", "--task", "alignment", "--steps", "0"), "--steps 0: must be a positive"),
+                       (("--arch", "vit", "--task", "alignment", "--lr", "nan"), "--lr nan: must be a positive"),
+                       (("--arch", "vit", "--task", "alignment", "--lr", "inf"), "--lr inf: must be a positive")]:
         proc = bias(repo, "run-one", *args)
         assert proc.returncode == 2 and proc.stderr.startswith("error: ") and says in proc.stderr, (args, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1

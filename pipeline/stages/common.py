@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 
 # An output that cannot be written is a user's problem (read-only folder, full disk, size limit), not a bug.
 UNWRITABLE = {errno.EROFS, errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
+# An output or input path of the wrong kind (a file where a folder goes, or the reverse): the user's path, not a bug.
+WRONG_KIND = {errno.ENOTDIR: "a file stands where a folder is needed on its path",
+              errno.EEXIST: "a file stands where a folder is needed", errno.EISDIR: "a folder, not a file"}
 
 
 def stage_main(fn: Callable[[list[str] | None], None]) -> Callable[[list[str] | None], int]:
@@ -55,6 +58,9 @@ def _run(fn: Callable[[list[str] | None], None], argv: list[str] | None) -> int:
         print(f"error: cannot write {err.filename}: permission denied", file=sys.stderr)
         return 2
     except OSError as err:
+        if err.errno in WRONG_KIND and err.filename:
+            print(f"error: {err.filename}: {WRONG_KIND[err.errno]}", file=sys.stderr)
+            return 2
         if err.errno not in UNWRITABLE:  # anything else is a bug: keep its traceback
             raise
         print(f"error: cannot write {err.filename}: {os.strerror(err.errno).lower()}", file=sys.stderr)
