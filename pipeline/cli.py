@@ -16,7 +16,6 @@ Errors in the arguments or missing inputs are one line and exit 2, as in the sta
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import math
 import os
@@ -231,9 +230,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:
-        if err.errno in (errno.ENOTDIR, errno.EEXIST, errno.EISDIR) and err.filename:
-            print(f"error: {err.filename}: {os.strerror(err.errno).lower()} (a file where a folder goes, or the "
-                  "reverse)", file=sys.stderr)
+        from pipeline.stages.common import wrong_kind
+
+        if line := wrong_kind(err):
+            print(line, file=sys.stderr)
             return 2
         raise
 

@@ -24,8 +24,7 @@ PosInt = Annotated[int, Field(gt=0)]
 Count = Annotated[int, Field(gt=0, le=256)]
 # Names that become folders (data/runs/<name>, train.grids.<name>) and MLflow names: no path separators, no "..",
 # no control characters.
-NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
-Name = Annotated[str, Field(pattern=NAME)]
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
 # A string a user sets (a URI, an address, a Lightning knob): not empty, nothing a log line or a name breaks on.
 Text = Annotated[str, Field(min_length=1, pattern=r"^[^\x00-\x1f\x7f]+$")]
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -241,7 +240,7 @@ class Train(Section):
     seeds: list[NonNegInt]
     size: PosInt  # training-set size of the main grid (one of slice.train_sizes)
     archs: dict[str, ArchEntry]
-    grids: dict[str, Grid]
+    grids: dict[Name, Grid]  # a grid's name is part of its runs' names
     recipe: Recipe
     criterion: StopRule
     runtime: Runtime
@@ -255,11 +254,7 @@ class Train(Section):
             if entry.models != arch_section(arch):
                 raise ValueError(f"archs.{arch}.models: {arch} reads models.{arch_section(arch)}, "
                                  f"not models.{entry.models}")
-        import re
-
         for name, grid in self.grids.items():
-            if not re.match(NAME, name):
-                raise ValueError(f"grids.{name}: a grid name is part of run names; use letters, digits, _ . -")
             if unknown := [a for a in grid.archs or [] if a not in self.archs]:
                 raise ValueError(f"grids.{name}.archs: {unknown} not in train.archs")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
@@ -611,7 +606,7 @@ class Params(Section):
                       f"a {i.large_tokens} x {i.large_tokens} float64 attention map per head"))
         needs.append(("interface.image_size", i.image_size, 8 * pixels**2,
                       f"a ({pixels} x {pixels}) float64 Jacobian of a {i.image_size} px image"))
-        needs.append(("interface.probes", i.probes, 8 * pixels**2 * min(i.probes, 2**40),
+        needs.append(("interface.probes", i.probes, 8 * pixels**2 * i.probes,
                       f"{i.probes} Jacobians of {pixels} x {pixels} float64"))
         grid_tokens = max((i.pair_counts.image_size // p) ** 2 for p in i.pair_counts.patch_sizes)
         needs.append(("interface.pair_counts.image_size", i.pair_counts.image_size, grid_tokens**2 // 8,

@@ -139,8 +139,8 @@ def distillation_table(runs: pd.DataFrame, agreements: pd.DataFrame, accuracy: p
     out = pool.groupby(keys, as_index=False).agg(seeds=("seed", "nunique"), mean=("test_acc", "mean"),
                                                  teacher_arch=("teacher_arch", "first"))
     rates = disagreement or {}
-    out["teacher_disagrees"] = [rates.get((t, task), math.nan) if isinstance(t, str) else math.nan
-                                for t, task in zip(out.teacher_arch, out.task, strict=True)]
+    out["teacher_disagrees"] = [rates.get((t, task), math.nan) for t, task in zip(out.teacher_arch, out.task,
+                                                                                       strict=True)]
     for name, g in (accuracy.groupby("slice") if accuracy is not None and len(accuracy) else ()):
         tag = name.removeprefix("slice/")
         wide = g.set_index(keys)[["mean", "ci_lo", "ci_hi"]].rename(

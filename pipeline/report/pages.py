@@ -125,8 +125,7 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
     distilled = pd.concat([runs[runs.source == "teachers"], *(cells.select(runs, t, a, config) for a in arms
                                                               for t in inp.params.distill.tasks)])
     agree = sources.agreements(distilled, arms, list(inp.params.distill.tasks), inp.items)
-    distill_acc = cells.slice_accuracy(distilled[distilled.arch.isin(arms) | (distilled.source == "teachers")],
-                                       inp.items, ("slice/id", "slice/ood"), rp.confidence)
+    distill_acc = cells.slice_accuracy(distilled, inp.items, ("slice/id", "slice/ood"), rp.confidence)
     floors = markdown.floors_line(inp.floors)
     flags = markdown.floor_flags(inp.floors)
     if flags:

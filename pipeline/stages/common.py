@@ -27,6 +27,13 @@ WRONG_KIND = {errno.ENOTDIR: "a file stands where a folder is needed on its path
               errno.EEXIST: "a file stands where a folder is needed", errno.EISDIR: "a folder, not a file"}
 
 
+def wrong_kind(err: OSError) -> str | None:
+    """The one-line error for a path of the wrong kind, else None (any other OSError is not the user's path)."""
+    if err.errno in WRONG_KIND and err.filename:
+        return f"error: {err.filename}: {WRONG_KIND[err.errno]}"
+    return None
+
+
 def stage_main(fn: Callable[[list[str] | None], None]) -> Callable[[list[str] | None], int]:
     """Wrap a stage ``main``: known input problems print one line on stderr and exit 2, no traceback."""
 
@@ -58,8 +65,8 @@ def _run(fn: Callable[[list[str] | None], None], argv: list[str] | None) -> int:
         print(f"error: cannot write {err.filename}: permission denied", file=sys.stderr)
         return 2
     except OSError as err:
-        if err.errno in WRONG_KIND and err.filename:
-            print(f"error: {err.filename}: {WRONG_KIND[err.errno]}", file=sys.stderr)
+        if line := wrong_kind(err):
+            print(line, file=sys.stderr)
             return 2
         if err.errno not in UNWRITABLE:  # anything else is a bug: keep its traceback
             raise
