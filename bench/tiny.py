@@ -35,7 +35,7 @@ TINY: dict[str, Any] = {
                         "extra_patch_size": 16},
     },
     "models": {"param_target": 20000, "param_tolerance": 0.2, "vit": {"depth": 2}, "resnet": {"layers": [1, 1]}},
-    "tasks": {"names": ["alignment", "relation"], "alignment": {"n": 400}, "relation": {"n": 400}},
+    "tasks": {"names": ["alignment", "relation"], "alignment": {"n": 400, "transfer_n": 48}, "relation": {"n": 400}},
     "slice": {"train_sizes": [64, 128, 256], "val_size": 32, "test_size": 64},
     "train": {
         "archs": {"vit": {"models": "vit", "tasks": ["alignment", "relation"]},

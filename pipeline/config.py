@@ -272,12 +272,41 @@ class Train(Section):
 
 
 # --------------------------------------------------------------------------- distillation
+class Student(Section):
+    """One DeiT student: its teacher, where it trains, and what its distillation head is trained on.
+
+    ``transfer``: the student also trains on its task's transfer set (images at the factor's unseen values,
+    ``tasks.<task>.transfer_n``) and gets no true label for them: only the distillation head's target.
+    ``targets``: ``teacher`` (the teacher's argmax, or its logits when ``soft``), or ``relabel``: the control
+    of docs/design.md section 4 (the true labels, a random share of the transfer set moved to a random other
+    class at the teacher's own disagreement rate there: the same noise without the teacher's bias)."""
+
+    teacher: str
+    tasks: Annotated[list[str], Field(min_length=1)] | None = None  # None: distill.tasks
+    transfer: bool = False
+    targets: Literal["teacher", "relabel"] = "teacher"
+    soft: bool | None = None  # None: distill.soft
+
+    @model_validator(mode="before")
+    @classmethod
+    def _teacher_only(cls, value):
+        return {"teacher": value} if isinstance(value, str) else value  # `deit: resnet` is the short form
+
+    @model_validator(mode="after")
+    def _control(self) -> Student:
+        if self.targets == "relabel" and not self.transfer:
+            raise ValueError("targets: relabel is the transfer set's noise control; it needs transfer: true")
+        if self.targets == "relabel" and self.soft:
+            raise ValueError("soft: relabelled targets are hard labels; a soft relabel control is not defined")
+        return self
+
+
 class Distill(Section):
     """Teachers (trained by the ``teacher`` stage) and the DeiT students distilled from them."""
 
     teachers: dict[str, str]  # teacher arch: its models section
-    students: dict[Name, str]  # student name (its run folder) -> its teacher arch
-    tasks: list[str]
+    students: dict[Name, Student]  # student name (its run folder) -> its teacher (or the whole entry)
+    tasks: list[str]  # where a student without its own ``tasks`` trains
     teacher_seed: NonNegInt
     # Teachers train on train_<teacher_size> minus the students' train_<train.size> (nested subsets): a
     # transfer set disjoint from the students' images, so their labels on the students' data can disagree.
@@ -290,10 +319,23 @@ class Distill(Section):
         for arch, section in self.teachers.items():
             if arch_section(arch) != section:
                 raise ValueError(f"teachers.{arch}: unknown architecture or not models.{section}")
-        for student, teacher in self.students.items():
-            if teacher not in self.teachers:
-                raise ValueError(f"students.{student}: teacher {teacher!r} is not in distill.teachers")
+        for student, entry in self.students.items():
+            if entry.teacher not in self.teachers:
+                raise ValueError(f"students.{student}: teacher {entry.teacher!r} is not in distill.teachers")
         return self
+
+    def student_tasks(self, student: str) -> list[str]:
+        return self.students[student].tasks or self.tasks
+
+    def teacher_tasks(self, teacher: str) -> list[str]:
+        """Where ``teacher`` is trained: every task one of its students trains on, in ``tasks.names`` order of
+        first appearance."""
+        return list(dict.fromkeys(t for s, e in self.students.items() if e.teacher == teacher
+                                  for t in self.student_tasks(s)))
+
+    def is_soft(self, student: str) -> bool:
+        soft = self.students[student].soft
+        return self.soft if soft is None else soft
 
 
 # --------------------------------------------------------------------------- tuning
@@ -365,6 +407,9 @@ class AlignmentParams(SyntheticParams):
     glyph_size: PosInt  # px; glyphs differ in exactly 2 * glyph_flips pixels (similarity knob)
     glyph_flips: PosInt
     train_offsets: Range  # fit rows: dx, dy in this range; eval rows: all of 0..P-1
+    # transfer rows: offsets outside train_offsets only, never trained on with their labels (distill.students
+    # with transfer: true learn them from a teacher's targets); 0: none
+    transfer_n: NonNegInt = 0
 
     @model_validator(mode="after")
     def _glyphs(self) -> AlignmentParams:
@@ -547,9 +592,16 @@ class Params(Section):
         t = self.train
         listed = [(f"train.archs.{a}.tasks", e.tasks) for a, e in t.archs.items()]
         listed += [(f"train.grids.{g}.tasks", x.tasks or []) for g, x in t.grids.items()]
+        listed += [(f"distill.students.{s}.tasks", e.tasks or []) for s, e in self.distill.students.items()]
         for key, tasks in [*listed, ("distill.tasks", self.distill.tasks)]:
             if missing := [x for x in tasks if x not in names]:
                 raise ValueError(f"{key}: {missing} not in tasks.names {sorted(names)}")
+        for s, e in self.distill.students.items():
+            lacking = [x for x in self.distill.student_tasks(s)
+                       if e.transfer and not getattr(getattr(self.tasks, x), "transfer_n", 0)]
+            if lacking:
+                raise ValueError(f"distill.students.{s}.transfer: {lacking} have no transfer set "
+                                 f"(tasks.<task>.transfer_n: only alignment has one, and it must be > 0)")
         wanted = [("train.size", [t.size]), ("distill.teacher_size", [self.distill.teacher_size])]
         wanted += [(f"train.grids.{g}.sizes", x.sizes or []) for g, x in t.grids.items()]
         for key, want in wanted:
@@ -585,7 +637,8 @@ class Params(Section):
     def _fits_in_memory(self) -> Params:
         """Sizes the schema admits but this machine cannot hold: MemoryError or swapping for minutes otherwise."""
         g, have = self.geometry, machine_memory()
-        pools = [(f"tasks.{t}.n", getattr(self.tasks, t).n) for t in self.tasks.names if t != "natural"]
+        pools = [(f"tasks.{t}.n", getattr(self.tasks, t).n + getattr(getattr(self.tasks, t), "transfer_n", 0))
+                 for t in self.tasks.names if t != "natural"]
         needs = [(key, n, n * g.image_size**2 * g.channels, f"{n} images of {g.image_size}x{g.image_size}x"
                   f"{g.channels} uint8 (geometry.image_size, geometry.channels)") for key, n in pools]
         # weights, gradients and AdamW's two moments: four float32 copies of every parameter

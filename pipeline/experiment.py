@@ -43,7 +43,7 @@ from pipeline.provenance import (
     run_params,
 )
 from pipeline.schemas import CHECKPOINT_CONFIG, CURVE_POINT, RUN_METRICS
-from pipeline.split import load_split, subset, training_indices
+from pipeline.split import load_split, relabel, subset, training_indices, transfer_set
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,8 @@ class Job:
 def check_inputs(specs: list[RunSpec], params: Params) -> None:
     """Read every file the runs will read, before any MLflow run or checkpoint is touched.
 
-    A refusal is then one line and changes nothing: data, slices, training subsets, and each teacher
-    (readable, its sha256 as recorded, trained on these images).
+    A refusal is then one line and changes nothing: data, slices, training subsets, a transfer student's transfer
+    set, and each teacher (readable, its sha256 as recorded, trained on these images).
     """
     from pipeline.families import family
 
@@ -76,6 +76,8 @@ def check_inputs(specs: list[RunSpec], params: Params) -> None:
             splits[where] = load_split(spec, verify=True)
         split, manifest = splits[where]
         training_indices(spec, split, params)
+        if spec.teacher is not None and params.distill.students[spec.key.arch].transfer:
+            transfer_set(split.indices, spec.key.task, spec.slices_dir / "indices.npz")
         if spec.teacher_dir is None or (spec.teacher_dir, spec.key.task) in teachers:
             continue
         teachers.add((spec.teacher_dir, spec.key.task))
@@ -161,7 +163,7 @@ def run_tags(spec: RunSpec, ident: str, params: Params) -> dict[str, str]:
         record = read_teacher(spec.teacher_dir, k.task)[0]
         tags.update({f"teacher.{x}": record.get(x) for x in
                      ("arch", "mlflow_run_id", "artifact_uri", "checkpoint_sha256", "test_acc",
-                      "student_train_disagreement")})
+                      "student_train_disagreement", "transfer_acc", "transfer_disagreement") if x in record})
     return {key: str(v) for key, v in tags.items()}
 
 
@@ -190,15 +192,45 @@ def _diverged(err: FloatingPointError, spec: RunSpec, params: Params) -> Floatin
                               f"warmup_steps={r.warmup_steps}, grad_clip={r.grad_clip}")
 
 
-def _module(model, spec: RunSpec, params: Params, steps: int, teacher):
-    """The LightningModule of one run: its model, the recipe (the cell's learning rate) and its teacher."""
+def _module(model, spec: RunSpec, params: Params, steps: int):
+    """The LightningModule of one run: its model, the recipe (the cell's learning rate), a student's loss."""
     from pipeline.learner import Classifier
 
-    r = params.train.recipe
+    r, d = params.train.recipe, params.distill
     return Classifier(model, lr=learning_rate(spec, params), weight_decay=r.weight_decay,
                       warmup_steps=r.warmup_steps, total_steps=steps, min_lr_ratio=r.min_lr_ratio,
-                      label_smoothing=r.label_smoothing, teacher=teacher, soft_distillation=params.distill.soft,
-                      distillation_tau=params.distill.tau)
+                      label_smoothing=r.label_smoothing,
+                      soft_distillation=spec.teacher is not None and d.is_soft(spec.key.arch),
+                      distillation_tau=d.tau)
+
+
+def distillation_targets(spec: RunSpec, split, params: Params, teacher, train_idx: np.ndarray) -> tuple:
+    """A student's training rows, their labels, the distillation head's targets, and the transfer set's record.
+
+    Rows: its own images (true label and the teacher's logits), then, with ``transfer: true``, the task's transfer
+    set (label -1: never seen; the teacher's logits, or with ``targets: relabel`` the true labels with the
+    teacher's own disagreement rate of them moved at random, as one-hot targets). The teacher runs once, here."""
+    from pipeline.predict import predict
+    from pipeline.provenance import index_sha256
+
+    entry, bs = params.distill.students[spec.key.arch], params.train.runtime.eval_batch_size
+    rows, labels = train_idx, split.labels[train_idx]
+    if entry.transfer:
+        transfer = transfer_set(split.indices, spec.key.task, spec.slices_dir / "indices.npz")
+        rows = np.concatenate([train_idx, transfer])
+        labels = np.concatenate([labels, np.full(len(transfer), -1, dtype=np.int64)])
+    logits = predict(teacher, split.images[rows], bs)
+    if not entry.transfer:
+        return rows, labels, logits, {}
+    truth, said = split.labels[transfer], logits[len(train_idx):].argmax(-1)
+    rate = float((said != truth).mean())
+    record = {"transfer_sha256": index_sha256(transfer), "transfer_n": int(len(transfer)),
+              "teacher_transfer_acc": 1.0 - rate, "teacher_transfer_disagreement": rate, "targets": entry.targets}
+    if entry.targets == "relabel":
+        noisy = relabel(truth, rate, split.num_classes, params.seed, spec.key.task)
+        logits[len(train_idx):] = np.eye(split.num_classes, dtype=logits.dtype)[noisy]
+        record["relabel_disagreement"] = float((noisy != truth).mean())
+    return rows, labels, logits, record
 
 
 def _measured(job: Job, steps: int, wall: float, timer) -> dict:
@@ -229,12 +261,18 @@ def fit(job: Job) -> dict:
     torch.set_num_threads(rt.threads)
     teacher, record = (load_teacher(spec.teacher_dir, spec.key.task, params, split.num_classes)
                        if spec.teacher_dir else (None, None))
+    labels = targets = None
+    transfer: dict = {}
+    if teacher is not None:
+        split.indices["fit"], labels, targets, transfer = distillation_targets(spec, split, params, teacher,
+                                                                               train_idx)
     model = build_model(spec.model, params, split.num_classes)
     if hasattr(model, "set_distilled_training"):
         model.set_distilled_training(teacher is not None)
     steps = budget.optimizer_steps(model, params, split.num_classes, spec.key.budget_mode, spec.key.steps)
-    module = _module(model, spec, params, steps, teacher)
-    data = ArrayData(split, "fit", recipe.batch_size, rt.eval_batch_size, spec.key.seed, total_steps=steps)
+    module = _module(model, spec, params, steps)
+    data = ArrayData(split, "fit", recipe.batch_size, rt.eval_batch_size, spec.key.seed, total_steps=steps,
+                     labels=labels, targets=targets)
     timer, stop, curves, callbacks = _callbacks(spec, params, steps, split.num_classes)
     trainer = _trainer(job, steps, callbacks)
     start = int(torch.load(job.resume_from, weights_only=True)["global_step"]) if job.resume_from else 0
@@ -247,8 +285,10 @@ def fit(job: Job) -> dict:
     val = trainer.callback_metrics.get("val/acc")
     done = trainer.global_step  # criterion runs may stop before `steps`, the cap
     measured = _measured(job, trainer.global_step - start, wall, timer)
-    extra = ({"student_train": subset(split.indices, params.train.size, spec.slices_dir)}
-             if spec.kind == "teacher" else {})
+    extra = {}
+    if spec.kind == "teacher":  # its labels where students learn: their own images and the transfer set
+        extra["student_train"] = subset(split.indices, params.train.size, spec.slices_dir)
+        extra.update({k: split.indices[k] for k in ("transfer",) if k in split.indices})
     t_eval = time.perf_counter()
     evaluation = {**evaluate(model, split, rt.eval_batch_size, extra),
                   **evaluate_factors(model, spec, split, params)}
@@ -259,7 +299,8 @@ def fit(job: Job) -> dict:
             "budget": budget.count_budget(spec.model, model, params, done, record), "measured": measured,
             "steps_done": done, "criterion_step": stop.reached_step if stop else None,
             "stop_reason": stop.stop_reason if stop else "cap",
-            "provenance": {**data_provenance(manifest, train_idx), "teacher": record},
+            "provenance": {**data_provenance(manifest, train_idx), "teacher": record,
+                           **({"transfer": transfer} if transfer else {})},
             "num_classes": split.num_classes, "state_dict": {k: v.detach().cpu() for k, v in
                                                               model.state_dict().items()},
             # one test image as the network sees it: the MLflow model's input example
@@ -350,7 +391,7 @@ def compose(job: Job, result: dict, run_id: str) -> dict:
     }
     if spec.kind == "teacher":
         p = job.params
-        metrics["transfer_set"] = f"train_{p.distill.teacher_size} minus train_{p.train.size}"
+        metrics["teacher_set"] = f"train_{p.distill.teacher_size} minus train_{p.train.size}"
     return metrics
 
 
@@ -367,8 +408,8 @@ def _headline(metrics: dict) -> dict:
     m = metrics["measured"]
     out.update({f"measured/{k}": float(v) for k, v in m.items() if isinstance(v, (int, float))})
     out.update({f"measured/phase_s/{k}": float(v) for k, v in m.get("phases_s", {}).items()})
-    out.update({f"{name}/{k}": v for name in ("student_train",) if name in metrics
-                for k, v in metrics[name].items()})
+    out.update({f"{name}/{k}": v for name in ("student_train", "transfer") if name in metrics
+                for k, v in metrics[name].items() if v is not None})
     return out
 
 
@@ -407,9 +448,11 @@ def record(job: Job, result: dict, tracker: tracking.StageRun, run_id: str,
     metrics = compose(job, result, run_id)
     series = [{k: v for k, v in p.items() if k == "step" or (p["step"], k) not in streamed}
               for p in [*result["series"], *map(val_point, result["curve"])]]
+    transfer = metrics["provenance"].get("transfer", {})  # a transfer student's set, its teacher's rate there
     tracker.log(run_id, metrics=_headline(metrics), series=series,
                 tags={"data_sha256": metrics["provenance"]["data_sha256"],
-                      "train_slice_sha256": metrics["provenance"]["train_slice_sha256"]})
+                      "train_slice_sha256": metrics["provenance"]["train_slice_sha256"],
+                      **{f"transfer.{k}": str(v) for k, v in transfer.items()}})
     tracker.datasets(run_id, run_datasets(spec, metrics))
     tracker.model(run_id, trained_model(job, result), example=result["example"])
     weights = write_with(spec.out_dir / WEIGHTS, lambda tmp: torch.save(result["state_dict"], tmp))
@@ -417,7 +460,7 @@ def record(job: Job, result: dict, tracker: tracking.StageRun, run_id: str,
                lambda tmp: np.savez_compressed(tmp.open("wb"), index=ev["test_idx"], logits=ev["logits"]))
     if spec.kind == "teacher":
         uri = tracker.artifact(weights, run_id, "model")
-        rec = teacher_record(metrics, weights, run_id, uri, metrics["transfer_set"])
+        rec = teacher_record(metrics, weights, run_id, uri, metrics["teacher_set"])
         tracker.log(run_id, tags={f"teacher.{k}": v for k, v in rec.items()})
         write_json(spec.out_dir / PROVENANCE, rec)
     write_json(spec.out_dir / "metrics.json", metrics)

@@ -83,18 +83,19 @@ def at_main_budget(spec: RunSpec, params: Params) -> bool:
 
 
 def student_keys(params: Params, student: str) -> list[RunKey]:
-    """A distilled student's runs: ``distill.tasks`` x ``train.seeds`` at the main budget."""
+    """A distilled student's runs: its tasks (``distill.tasks`` unless its own) x ``train.seeds`` at the main
+    budget."""
     t, r = params.train, params.train.recipe
     return [RunKey(task, student, seed, t.size, r.steps, r.budget_mode)
-            for task in params.distill.tasks for seed in t.seeds]
+            for task in params.distill.student_tasks(student) for seed in t.seeds]
 
 
 def teacher_keys(params: Params, arch: str) -> list[RunKey]:
-    """A teacher's runs, one per distilled task, on the transfer set (``distill.teacher_size`` minus the
-    students' ``train.size`` images)."""
+    """A teacher's runs, one per task one of its students trains on, on ``distill.teacher_size`` minus the
+    students' ``train.size`` images."""
     d, r = params.distill, params.train.recipe
     return [RunKey(task, arch, d.teacher_seed, d.teacher_size - params.train.size, r.steps, r.budget_mode)
-            for task in d.tasks]
+            for task in d.teacher_tasks(arch)]
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,8 @@ def specs_for(kind: str, keys: list[RunKey], at: Folders, model: str | None = No
 def cells(params: Params) -> list[tuple[str, str]]:
     """The (arch, task) cells of the main grid, the distilled students' included: what the tune stage tunes."""
     out = [(arch, task) for arch, entry in params.train.archs.items() for task in entry.tasks]
-    return out + [(student, task) for student in params.distill.students for task in params.distill.tasks]
+    return out + [(student, task) for student in params.distill.students
+                  for task in params.distill.student_tasks(student)]
 
 
 def train_specs(params: Params, at: Folders, lrs: dict[tuple[str, str], float] | None = None) -> list[RunSpec]:
@@ -129,8 +131,8 @@ def train_specs(params: Params, at: Folders, lrs: dict[tuple[str, str], float] |
     ``distill.students`` with its teacher. ``lrs``: the tune stage's learning rate per (arch, task) cell, used by
     every run of that cell (its grid runs too); a task only a grid trains an arch on keeps the recipe's."""
     specs = [s for arch in params.train.archs for s in specs_for("train", train_keys(params, arch), at)]
-    for student, teacher in params.distill.students.items():
-        specs += specs_for("distill", student_keys(params, student), at, model="deit", teacher=teacher)
+    for student, entry in params.distill.students.items():
+        specs += specs_for("distill", student_keys(params, student), at, model="deit", teacher=entry.teacher)
     lrs = lrs or {}
     return [replace(s, lr=lrs.get((s.key.arch, s.key.task))) for s in specs]
 
@@ -145,7 +147,7 @@ def tune_specs(params: Params, at: Folders) -> list[RunSpec]:
     for lr in lrs:
         trial = Folders(at.data, at.slices, at.out / f"lr{lr:g}", at.ckpt / f"lr{lr:g}", at.teachers)
         for arch, task in cells(params):
-            teacher = params.distill.students.get(arch)
+            teacher = params.distill.students[arch].teacher if arch in params.distill.students else None
             key = RunKey(task, arch, params.tune.seed, t.size, r.steps, r.budget_mode)
             out += [replace(s, lr=lr) for s in specs_for("tune", [key], trial, model="deit" if teacher else None,
                                                           teacher=teacher)]
@@ -153,5 +155,5 @@ def tune_specs(params: Params, at: Folders) -> list[RunSpec]:
 
 
 def teacher_specs(params: Params, at: Folders) -> list[RunSpec]:
-    """The ``teacher`` stage: every teacher arch of ``distill.teachers`` on every distilled task."""
+    """The ``teacher`` stage: every teacher arch of ``distill.teachers`` on every task its students train on."""
     return [s for arch in params.distill.teachers for s in specs_for("teacher", teacher_keys(params, arch), at)]

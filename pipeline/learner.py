@@ -2,7 +2,8 @@
 
 The plain ``nn.Module`` (from :mod:`pipeline.models`) knows nothing of Lightning; :class:`Classifier` only
 joins loss, metrics, optimizer and schedule. DeiT students add a distillation head whose target is a frozen
-teacher's hard label (DeiT's "hard distillation"); see :func:`distillation_loss`.
+teacher's hard label (DeiT's "hard distillation") or its logits (soft), computed once before training and carried
+in the batch beside the label; see :func:`distillation_loss`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import lightning as L
+import numpy as np
 import torch
 import torch.nn.functional as F
 from timm.optim import param_groups_weight_decay
@@ -70,18 +72,26 @@ def as_batch(batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
 
 
 class ArrayData(L.LightningDataModule):
-    """Train on ``train_<n>`` for ``total_steps`` batches, validate on ``val``, test on ``test``."""
+    """Train on ``train_<n>`` for ``total_steps`` batches, validate on ``val``, test on ``test``.
+
+    A distilled student's training rows carry a third tensor, ``targets`` (the teacher's logits per row), and
+    may carry ``labels`` of their own (-1: a transfer image, whose true label the student never sees)."""
 
     def __init__(self, split: Split, train_key: str, batch_size: int, eval_batch_size: int, seed: int,
-                 total_steps: int):
+                 total_steps: int, labels: np.ndarray | None = None, targets: np.ndarray | None = None):
         super().__init__()
         self.split, self.train_key = split, train_key
         self.batch_size, self.eval_batch_size, self.seed = batch_size, eval_batch_size, seed
         self.total_steps = total_steps
+        self.labels, self.targets = labels, targets
 
     def _dataset(self, key: str) -> BatchTensors:
         idx = self.split.indices[key]
-        return BatchTensors(to_tensor(self.split.images[idx]), torch.from_numpy(self.split.labels[idx]))
+        if key != self.train_key:
+            return BatchTensors(to_tensor(self.split.images[idx]), torch.from_numpy(self.split.labels[idx]))
+        labels = self.split.labels[idx] if self.labels is None else self.labels
+        extra = () if self.targets is None else (torch.from_numpy(self.targets),)
+        return BatchTensors(to_tensor(self.split.images[idx]), torch.from_numpy(labels), *extra)
 
     def train_dataloader(self) -> DataLoader:
         data = self._dataset(self.train_key)
@@ -107,9 +117,12 @@ def distillation_loss(cls_logits: torch.Tensor, dist_logits: torch.Tensor, label
     """DeiT's loss: mean of the class head's CE on labels and the distillation head's loss on the teacher.
 
     Hard distillation (DeiT's default): CE against the teacher's argmax. Soft: tau^2 * KL(teacher || student)
-    at temperature tau. Both heads weigh 1/2.
+    at temperature tau. Both heads weigh 1/2. A label of -1 (a transfer image) trains the distillation head
+    only: the class head's CE averages over the labelled rows (zero when a batch has none).
     """
-    base = F.cross_entropy(cls_logits, labels, label_smoothing=label_smoothing)
+    known = labels >= 0
+    base = (F.cross_entropy(cls_logits[known], labels[known], label_smoothing=label_smoothing) if known.any()
+            else cls_logits.sum() * 0.0)
     if soft:
         distill = F.kl_div(F.log_softmax(dist_logits / tau, dim=-1), F.log_softmax(teacher_logits / tau, dim=-1),
                            reduction="batchmean", log_target=True) * tau * tau
@@ -122,16 +135,13 @@ class Classifier(L.LightningModule):
     """Cross-entropy classification (optionally DeiT distillation) with AdamW and warmup+cosine."""
 
     def __init__(self, model: nn.Module, *, lr: float, weight_decay: float, warmup_steps: int, total_steps: int,
-                 min_lr_ratio: float = 0.0, label_smoothing: float = 0.0, teacher: nn.Module | None = None,
+                 min_lr_ratio: float = 0.0, label_smoothing: float = 0.0,
                  soft_distillation: bool = False, distillation_tau: float = 1.0):
         super().__init__()
         self.model = model
-        self.teacher = teacher
-        if teacher is not None:
-            teacher.eval().requires_grad_(False)
-        # Lightning's own record of the recipe: saved in every checkpoint (the modules are not hyperparameters;
+        # Lightning's own record of the recipe: saved in every checkpoint (the module is not a hyperparameter;
         # the stage process, not the Trainer's logger, writes MLflow params).
-        self.save_hyperparameters(ignore=["model", "teacher"], logger=False)
+        self.save_hyperparameters(ignore=["model"], logger=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.model(x)
@@ -139,15 +149,12 @@ class Classifier(L.LightningModule):
         return (out[0] + out[1]) / 2 if isinstance(out, tuple) else out
 
     def training_step(self, batch, batch_idx):
-        x, y = batch
+        x, y, *targets = batch
         out = self.model(x)
         if isinstance(out, tuple):
-            if self.teacher is None:
-                raise RuntimeError("a distilled model needs a teacher")
-            self.teacher.eval()  # Lightning puts every submodule in train mode; the teacher stays frozen
-            with torch.no_grad():
-                t = self.teacher(x)
-            loss = distillation_loss(out[0], out[1], y, t, self.hparams.soft_distillation,
+            if not targets:
+                raise RuntimeError("a distilled model needs its teacher's targets in the batch")
+            loss = distillation_loss(out[0], out[1], y, targets[0], self.hparams.soft_distillation,
                                      self.hparams.distillation_tau, self.hparams.label_smoothing)
             logits = (out[0] + out[1]) / 2
         else:
@@ -159,7 +166,8 @@ class Classifier(L.LightningModule):
         # writes (every log_every_n_steps, when there is one) and before a validation (the learning curve).
         if self._before_validation() or (self.trainer.loggers
                                          and (self.global_step + 1) % self.trainer.log_every_n_steps == 0):
-            acc = (logits.argmax(-1) == y).float().mean()
+            known = y >= 0  # a transfer image has no label to score
+            acc = (logits.argmax(-1)[known] == y[known]).float().mean()
             self.log_dict({"train/loss": loss, "train/acc": acc}, on_step=True, on_epoch=False)
         return loss
 
@@ -372,6 +380,4 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=".*dataloader is not resumable.*")
     # The checkpoint folder holds the run's identity stamp (config.json) beside last.ckpt by design.
     warnings.filterwarnings("ignore", message=".*Checkpoint directory .* exists and is not empty.*")
-    # A DeiT student's frozen teacher is a submodule kept in eval mode on purpose.
-    warnings.filterwarnings("ignore", message=".*module\\(s\\) in eval mode at the start of training.*")
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)

@@ -1,7 +1,7 @@
 """Provenance: what data, code and params decided a run, and the teacher record every student verifies.
 
 A distilled student inherits bias through its teacher's signal, so each student records exactly which
-teacher stood behind it (MLflow run id and artifact, checkpoint sha256, transfer set, data hashes, accuracy,
+teacher stood behind it (MLflow run id and artifact, checkpoint sha256, its own training set, data hashes, accuracy,
 disagreement with the true labels on the students' images) and refuses to train when the weights on disk are
 not the ones recorded.
 """
@@ -95,6 +95,10 @@ def run_params(params, spec) -> dict:
             "criterion"]
     if spec.teacher is not None:
         out["distill"] = params.model_dump(mode="json", include={"distill": {"soft", "tau"}})["distill"]
+        student = params.distill.students[spec.key.arch]
+        out["distill"]["student"] = student.model_dump(mode="json")
+        if student.targets == "relabel":  # the relabel draw is seeded by the global seed
+            out["seed"] = params.seed
     if spec.kind == "teacher":
         out["distill"] = params.model_dump(mode="json", include={"distill": {"teacher_size", "teacher_seed"}})[
             "distill"]
@@ -123,19 +127,22 @@ def data_provenance(manifest: dict, train_idx: np.ndarray) -> dict:
     return {"data_sha256": pool_sha256(manifest), "train_slice_sha256": index_sha256(train_idx)}
 
 
-def teacher_record(metrics: dict, weights: Path, run_id: str, artifact_uri: str, transfer: str) -> dict:
+def teacher_record(metrics: dict, weights: Path, run_id: str, artifact_uri: str, teacher_set: str) -> dict:
     """The record a teacher run leaves for its students (flat, so it maps onto MLflow tags)."""
     b = metrics["budget"]
     return {
         "arch": metrics["arch"], "model": metrics["model"], "task": metrics["task"], "seed": metrics["seed"],
-        "train_size": metrics["train_size"], "transfer_set": transfer, "mlflow_run_id": run_id,
+        "train_size": metrics["train_size"], "teacher_set": teacher_set, "mlflow_run_id": run_id,
         # teachers of different types are not tuned to equal accuracy: the ledger prints their mismatch instead
         "accuracy_matching": "none: the mismatch on the students' images is reported beside every comparison",
         "artifact_uri": artifact_uri, "checkpoint": weights.name, "checkpoint_sha256": sha256_file(weights),
         "data_sha256": metrics["provenance"]["data_sha256"],
         "train_slice_sha256": metrics["provenance"]["train_slice_sha256"],
         "test_acc": metrics["test_acc"], "student_train_acc": metrics["student_train"]["acc"],
-        "student_train_disagreement": metrics["student_train"]["disagreement"], "params": b["params"],
+        "student_train_disagreement": metrics["student_train"]["disagreement"],
+        **({"transfer_acc": metrics["transfer"]["acc"], "transfer_disagreement": metrics["transfer"]["disagreement"]}
+           if "transfer" in metrics else {}),
+        "params": b["params"],
         "forward_flops_per_image": b["forward_flops_per_image"], "train_flops": b["train_flops"],
         "wall_time_s": metrics["measured"]["wall_time_s"],
     }

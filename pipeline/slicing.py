@@ -25,7 +25,7 @@ import pandas as pd
 from pipeline.config import Slicing
 from pipeline.errors import ConfigError, StageError
 from pipeline.io import sha256_bytes
-from pipeline.tasks.common import ROLE_EVAL, ROLE_FIT
+from pipeline.tasks.common import ROLE_EVAL, ROLE_FIT, ROLE_TRANSFER
 
 
 def per_class_counts(n: int, k: int) -> np.ndarray:
@@ -77,7 +77,8 @@ def _take_pairs(orders: list[np.ndarray], n: int, table: np.ndarray, key: str, t
 
 def make_splits(labels: np.ndarray, factors: pd.DataFrame, num_classes: int, slice_factors: list[str],
                 cfg: Slicing, seed: int, task: str, twins: str | None = None) -> dict[str, np.ndarray]:
-    """All index arrays for one task: ``train_<n>``, ``val``, ``test``, ``slice/<factor>=<value>``.
+    """All index arrays for one task: ``train_<n>``, ``val``, ``test``, ``slice/<factor>=<value>``, and
+    ``transfer`` (the rows of role ``transfer``) where the task draws them.
 
     labels: (N,) int64; factors: N rows with ``role``, ``id``, the ``slice_factors`` and ``twins`` columns;
     twins: the column naming each sample's twin pair (draws are then made over whole pairs), or None.
@@ -107,6 +108,8 @@ def make_splits(labels: np.ndarray, factors: pd.DataFrame, num_classes: int, sli
     train_order = orders(np.setdiff1d(fit, out["val"]))
     for n in cfg.train_sizes:
         out[f"train_{n}"] = take(train_order, n, "slice.train_sizes")
+    if (transfer := np.flatnonzero(role == ROLE_TRANSFER)).size:  # every transfer row, in pool order
+        out["transfer"] = transfer.astype(np.int64)
     _add_slices(out, factors, slice_factors)
     check_splits(out)
     if twins is not None:
@@ -133,7 +136,7 @@ def _fmt(value: object) -> str:
 
 
 def check_splits(arrays: dict[str, np.ndarray]) -> None:
-    """Invariants (else a StageError naming the array): nothing empty; train/val/test pairwise disjoint;
+    """Invariants (else a StageError naming the array): nothing empty; train/val/test (and transfer) pairwise disjoint;
     train subsets nested; slices inside test."""
     for name, idx in arrays.items():
         if len(idx) == 0:
@@ -144,7 +147,9 @@ def check_splits(arrays: dict[str, np.ndarray]) -> None:
     for small, big in pairwise(trains):
         if not np.isin(arrays[small], arrays[big]).all():
             raise StageError(f"{small}: not a subset of {big}")
-    for a, b in (("val", "test"), (trains[-1], "val"), (trains[-1], "test")):
+    held = [("val", "test"), (trains[-1], "val"), (trains[-1], "test")]
+    held += [("transfer", x) for x in (trains[-1], "val", "test") if "transfer" in arrays]
+    for a, b in held:
         if np.intersect1d(arrays[a], arrays[b]).size:
             raise StageError(f"{a}: overlaps {b}")
     for name in arrays:

@@ -7,6 +7,7 @@ Data code, apart from the orchestration in :mod:`pipeline.experiment` and the Li
 from __future__ import annotations
 
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +54,14 @@ def load_split(spec: RunSpec, verify: bool = False) -> tuple[Split, dict]:
     if images.ndim != 4 or images.dtype != np.uint8 or len(images) != len(labels):
         raise StageError(f"{files['images']}: expected uint8 (N,H,W,C) matching labels, got "
                          f"{images.dtype} {images.shape} vs {labels.shape}")
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+        raise StageError(f"{files['labels']}: expected integer class labels of shape (N,), got {labels.dtype} "
+                         f"{labels.shape}; rerun the data stage: dvc repro")
+    if missing := [k for k in ("val", "test") if k not in indices]:
+        raise StageError(f"{files['indices']}: no {' or '.join(missing)} array (a run validates and tests on "
+                         "them); rerun the slice stage: dvc repro")
+    if bad := [k for k, v in indices.items() if v.ndim != 1 or not np.issubdtype(v.dtype, np.integer)]:
+        raise StageError(f"{files['indices']}: {bad[0]} is not a 1-D integer index array")
     if manifest["source"]["images_sha256"] != meta["sha256"]["images"]:
         # valid files, but the slices describe another generation of the pool (data regenerated after slicing)
         raise StageError(f"{files['indices']}: sliced from other images than {files['images']} "
@@ -89,10 +98,11 @@ def verify_split(images: np.ndarray, labels: np.ndarray, indices: dict, meta: di
 
 
 def check_disjoint_nested(indices: dict[str, np.ndarray], where: Path) -> None:
-    """Training subsets share no image with val or test, and each lies inside the next larger one (the data-size
+    """Training subsets share no image with val, test or the transfer set (nor the transfer set with val or test),
+    and each lies inside the next larger one (the data-size
     curve adds images, never swaps them); a draw that breaks either is one line naming the arrays."""
     sizes = sorted((int(k.removeprefix("train_")), k) for k in indices if k.startswith("train_"))
-    held = {k: indices[k] for k in ("val", "test") if k in indices}
+    held = {k: indices[k] for k in ("val", "test", "transfer") if k in indices}
     for _, name in sizes:
         for other, idx in held.items():
             if np.intersect1d(indices[name], idx).size:
@@ -100,8 +110,9 @@ def check_disjoint_nested(indices: dict[str, np.ndarray], where: Path) -> None:
     for (_, small), (_, large) in zip(sizes, sizes[1:], strict=False):
         if np.setdiff1d(indices[small], indices[large]).size:
             raise StageError(f"{where}: {small} is not inside {large} (the training subsets are nested)")
-    if "val" in held and "test" in held and np.intersect1d(held["val"], held["test"]).size:
-        raise StageError(f"{where}: val shares images with test")
+    for a, b in (("val", "test"), ("transfer", "val"), ("transfer", "test")):
+        if a in held and b in held and np.intersect1d(held[a], held[b]).size:
+            raise StageError(f"{where}: {a} shares images with {b}")
 
 
 def subset(indices: dict, size: int, where: Path) -> np.ndarray:
@@ -111,6 +122,25 @@ def subset(indices: dict, size: int, where: Path) -> np.ndarray:
         sizes = sorted(int(k.removeprefix("train_")) for k in indices if k.startswith("train_"))
         raise StageError(f"{where}: no training subset of size {size} (have {sizes})")
     return indices[key]
+
+
+def transfer_set(indices: dict, task: str, where: Path) -> np.ndarray:
+    """The task's transfer set (images at the factor's unseen values, no true label ever trained on)."""
+    if "transfer" not in indices:
+        raise StageError(f"{where}: no transfer set for {task} (tasks.{task}.transfer_n is 0 or the slice stage "
+                         "predates it; rerun: dvc repro)")
+    return indices["transfer"]
+
+
+def relabel(labels: np.ndarray, rate: float, num_classes: int, seed: int, task: str) -> np.ndarray:
+    """The transfer set's noise control: ``round(rate * n)`` items, drawn at random, moved to a uniformly random
+    other class; the rest keep their true label. Seeded by (``seed``, task), so every student seed sees the same
+    targets, as it sees the same teacher's."""
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, zlib.crc32(f"relabel/{task}".encode())])))
+    out = labels.astype(np.int64).copy()
+    moved = rng.choice(len(out), size=int(round(rate * len(out))), replace=False)
+    out[moved] = (out[moved] + rng.integers(1, num_classes, len(moved))) % num_classes
+    return out
 
 
 def redraw(pool: np.ndarray, official: np.ndarray, labels: np.ndarray, data_seed: int) -> np.ndarray:

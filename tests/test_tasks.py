@@ -28,7 +28,10 @@ GEO = REPO.geometry  # 16 px, P = 4
 
 
 def make(task: str, n: int = 400, seed: int = 0, geometry: Geometry = GEO, **overrides) -> TaskData:
-    cfg = getattr(REPO.tasks, task).model_copy(update=overrides)
+    base = getattr(REPO.tasks, task)
+    if "transfer_n" in type(base).model_fields:  # the pool alone, unless a test asks for transfer rows
+        overrides = {"transfer_n": 0, **overrides}
+    cfg = base.model_copy(update=overrides)
     return TASKS[task].generate(n, seed, geometry, cfg)
 
 
@@ -72,6 +75,24 @@ def test_tasks_draw_independent_streams():
 
 
 # --------------------------------------------------------------------------- alignment
+def test_alignment_transfer_rows_are_unseen_offsets_and_leave_the_pool_alone():
+    pool, both = make("alignment"), make("alignment", transfer_n=120)
+    assert both.images[:400].tobytes() == pool.images[:400].tobytes()  # appended from their own stream
+    assert both.labels[:400].tobytes() == pool.labels[:400].tobytes() and len(both.labels) == 520
+    rows = both.factors.iloc[400:]
+    assert set(rows["role"]) == {"transfer"} and not rows["id"].any()
+    lo, hi = REPO.tasks.alignment.train_offsets
+    outside = ~(rows.dx.between(lo, hi) & rows.dy.between(lo, hi))
+    assert outside.all() and set(rows.dx) | set(rows.dy) >= {GEO.patch_size - 1}
+    counts = np.bincount(both.labels[400:], minlength=len(both.class_names))
+    assert counts.max() - counts.min() <= 1
+    bg = background(both.images[400:])
+    mask = (both.images[400:] != bg[:, None, None, :]).any(-1)
+    ymin, xmin, _, _ = bbox(mask)  # the offsets are the ones recorded, read back from the pixels
+    np.testing.assert_array_equal(xmin % GEO.patch_size, rows["dx"])
+    np.testing.assert_array_equal(ymin % GEO.patch_size, rows["dy"])
+
+
 def test_alignment_offset_read_back_from_pixels():
     d = make("alignment", n=2000, train_offsets=[0, 1], noise=0, clutter=0)  # clean: read back exactly
     bg = background(d.images)
@@ -315,7 +336,8 @@ def test_resize_is_exact_block_mean():
 # --------------------------------------------------------------------------- stage
 def tiny_params(tmp_path: Path, **tasks) -> Path:
     raw = tiny_repo.params_with({
-        "tasks": {"names": SYNTHETIC + ["natural"], **{t: {"n": 400} for t in SYNTHETIC}, **tasks},
+        "tasks": {"names": SYNTHETIC + ["natural"], **{t: {"n": 400} for t in SYNTHETIC},
+                  "alignment": {"n": 400, "transfer_n": 0}, **tasks},
         "slice": {"train_sizes": [40, 80], "val_size": 40, "test_size": 60},
         # the training grid must only use generated tasks and sliced sizes
         "train": {"size": 40, "grids": {"curve": {"archs": ["resnet"], "tasks": ["alignment"], "sizes": [40]}}},

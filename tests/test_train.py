@@ -155,7 +155,7 @@ def test_every_provenance_field_matches_the_files(runs, workspace):
     assert stags["teacher.artifact_uri"] == teacher["artifact_uri"].replace("runs:/", "runs:/")
 
 
-def test_teacher_trains_on_a_disjoint_transfer_set(runs, workspace):
+def test_teacher_trains_on_a_disjoint_teacher_set(runs, workspace):
     from mlflow.artifacts import download_artifacts
 
     folder_ = workspace / "data/teachers/resnet/alignment"
@@ -169,7 +169,7 @@ def test_teacher_trains_on_a_disjoint_transfer_set(runs, workspace):
     with mlflow_store(workspace):
         got = download_artifacts(record["artifact_uri"])
     assert sha256_file(got) == record["checkpoint_sha256"]
-    assert runs["metrics"]["student"]["provenance"]["teacher"]["transfer_set"] == "train_256 minus train_128"
+    assert runs["metrics"]["student"]["provenance"]["teacher"]["teacher_set"] == "train_256 minus train_128"
 
 
 def test_same_seed_same_metrics(runs):
@@ -287,20 +287,70 @@ def test_distillation_loss_by_hand():
     got = distillation_loss(cls, dist, labels, teacher, soft=True, tau=tau).item()
     assert got == pytest.approx(soft, rel=1e-6)
 
+    # a transfer image (label -1) trains the distillation head only; a batch of them, only that head at all
+    unlabelled = torch.tensor([0, -1])
+    mixed = 0.5 * ce(c[:1], [0]) + 0.5 * ce(d, [1, 0])
+    assert distillation_loss(cls, dist, unlabelled, teacher).item() == pytest.approx(mixed, rel=1e-6)
+    none = torch.tensor([-1, -1])
+    cls_grad = cls.clone().requires_grad_(True)
+    loss = distillation_loss(cls_grad, dist, none, teacher)
+    assert loss.item() == pytest.approx(0.5 * ce(d, [1, 0]), rel=1e-6)
+    loss.backward()
+    assert torch.count_nonzero(cls_grad.grad) == 0
 
-def test_teacher_gets_no_gradients(workspace):
+
+def test_students_train_on_targets_computed_once(workspace):
+    """A student's batches carry the teacher's logits (computed before training): the module holds no teacher,
+    the student's distillation head learns from the targets, and a row labelled -1 is never scored."""
     params = load_params(workspace / "params.yaml")
-    teacher, _ = load_teacher(workspace / "data/teachers/resnet", "alignment", params, 4)
     student = build_model("deit", params, 4)
     student.set_distilled_training(True)
-    module = Classifier(student, lr=1e-3, weight_decay=0.0, warmup_steps=0, total_steps=2, teacher=teacher)
-    x = torch.randn(8, 3, 16, 16)
-    data = DataLoader(TensorDataset(x, torch.arange(8) % 4), batch_size=8)
+    module = Classifier(student, lr=1e-3, weight_decay=0.0, warmup_steps=0, total_steps=2)
+    x, y = torch.randn(8, 3, 16, 16), torch.tensor([0, 1, 2, 3, -1, -1, -1, -1])
+    targets = torch.nn.functional.one_hot(torch.arange(8) % 4, 4).float()
+    data = DataLoader(TensorDataset(x, y, targets), batch_size=8)
     L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
               enable_model_summary=False, accelerator="cpu").fit(module, data)
-    assert all(not p.requires_grad and p.grad is None for p in teacher.parameters())
+    assert not [n for n, _ in module.named_children() if n != "model"]
     assert any(p.grad is not None for p in student.parameters())  # the step did backpropagate
-    assert not teacher.training
+    with pytest.raises(RuntimeError, match="targets"):
+        module.training_step((x, y.clamp(min=0)), 0)
+
+
+def test_transfer_students_see_the_transfer_set_only_through_their_targets(workspace, tmp_path):
+    """A transfer student trains on its own images plus the transfer set (unseen offsets, labels withheld); the
+    relabel control's targets there disagree with the truth exactly as often as the teacher does; both record
+    the set's hash and the teacher's rate, in metrics.json and in MLflow."""
+    from pipeline.config import parse_params
+    from pipeline.split import relabel
+
+    raw = tiny_repo.params_with({"tasks": {"names": ["alignment"]}, "distill": {"students": {
+        "deit_t": {"teacher": "resnet", "tasks": ["alignment"], "transfer": True},
+        "deit_r": {"teacher": "resnet", "tasks": ["alignment"], "transfer": True, "targets": "relabel"}}},
+        "train": {"archs": {"vit": {"models": "vit", "tasks": ["alignment"]}}, "grids": {}}})
+    params = parse_params(raw)
+    with np.load(workspace / "data/slices/alignment/indices.npz") as z:
+        transfer, seen = z["transfer"], np.concatenate([z["train_256"], z["val"], z["test"]])
+    labels = np.load(workspace / "data/tasks/alignment/labels.npy")
+    assert len(transfer) == 48 and not np.intersect1d(transfer, seen).size  # no training, val or test image
+    with mlflow_store(tmp_path):
+        m = {name: train(workspace, tmp_path / name, params, "distill", RunKey("alignment", name, 0, 128, 20, "steps"),
+                         model="deit", teacher="resnet") for name in ("deit_t", "deit_r")}
+        from mlflow.tracking import MlflowClient
+
+        tags = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(
+            m["deit_r"]["mlflow_run_id"]).data.tags
+    rec_t, rec_r = (m[n]["provenance"]["transfer"] for n in ("deit_t", "deit_r"))
+    teacher = json.loads((workspace / "data/teachers/resnet/alignment/provenance.json").read_text())
+    assert rec_t["transfer_n"] == 48 and rec_t["transfer_sha256"] == rec_r["transfer_sha256"]
+    assert rec_t["teacher_transfer_disagreement"] == pytest.approx(teacher["transfer_disagreement"], abs=1e-6)
+    assert rec_r["relabel_disagreement"] == pytest.approx(rec_t["teacher_transfer_disagreement"], abs=1 / 48)
+    assert tags["transfer.transfer_sha256"] == rec_r["transfer_sha256"] and tags["transfer.targets"] == "relabel"
+    assert m["deit_t"]["provenance"]["train_slice_sha256"] == m["deit_r"]["provenance"]["train_slice_sha256"]
+    # the control's draw: the same for every student seed, exactly the rate asked, only to other classes
+    truth = labels[transfer]
+    a, b = relabel(truth, 0.25, 4, 0, "alignment"), relabel(truth, 0.25, 4, 0, "alignment")
+    assert (a == b).all() and (a != truth).sum() == 12 and a.min() >= 0 and a.max() < 4
 
 
 def test_tampered_teacher_is_refused(workspace, tmp_path):

@@ -36,7 +36,7 @@ def _contrasts(path: Path) -> tuple[dict, ...]:
     (a beats b) or "0" (no effect), with its equivalence ``margin`` and why (``margin_reason``), and the
     literature effect it is about (``anchor``, empty when none), and ``learned_on``: the slice on which both arms
     must have learned (empty: in distribution; :func:`gate`). A row's finding (which groups rows for the
-    README) and its task are its id's prefix; the ``distill.*`` rows run on every task in ``distill.tasks``."""
+    README) and its task are its id's prefix; a ``distill.*`` row runs on every task where both its arms train."""
     rows = []
     for r in pd.read_csv(path, dtype=str, keep_default_na=False).to_dict("records"):
         prefix = r["id"].split(".")[0]
@@ -90,7 +90,7 @@ def configured_cells(params) -> dict[str, set[str]]:
     """arch -> the tasks it trains on in the main grid (``train.archs``, the distilled students)."""
     out = {arch: set(entry.tasks) for arch, entry in params.train.archs.items()}
     for student in params.distill.students:
-        out.setdefault(student, set()).update(params.distill.tasks)
+        out.setdefault(student, set()).update(params.distill.student_tasks(student))
     return out
 
 
@@ -123,7 +123,7 @@ def plan(params) -> list[dict]:
     conf = configured_cells(params)
     rows = []
     for c in CONTRASTS:
-        for task in c["tasks"] or params.distill.tasks:
+        for task in c["tasks"] or params.tasks.names:  # a distill.* row: wherever both its arms train
             if task in conf.get(c["a"], ()) and task in conf.get(c["b"], ()):
                 rows.append({**c, "id": f"{c['id']}.{task}", "task": task, "kind": "paired"})
     for f in FLOOR_ROWS:

@@ -5,7 +5,8 @@ whole-patch position (moving it is a whole-scene shift by a multiple of P, a pur
 ViT), the *offset* ``(dx, dy)`` in ``0..P-1`` is the alignment to the grid (changing it changes what every
 patch contains). The two are drawn independently and recorded apart, so a reader can separate a shift of the
 scene from a change of alignment. ``fit`` rows draw both offsets from ``train_offsets``; ``eval`` rows from
-all of ``0..P-1`` (``id`` = both offsets inside the training range).
+all of ``0..P-1`` (``id`` = both offsets inside the training range). ``transfer_n`` rows more, from their own
+random stream, have offsets outside the training range only: the distillation transfer set (docs/design.md §4).
 
 Difficulty knobs: ``num_classes``, ``glyph_size``, ``glyph_flips`` (two glyphs differ in exactly
 ``2 * glyph_flips`` pixels: small = similar), ``clutter`` (random foreground pixels), ``noise``.
@@ -36,13 +37,31 @@ def num_cells(geometry: Geometry, glyph_size: int) -> int:
 
 def generate(n: int, seed: int, geometry: Geometry, cfg: AlignmentParams) -> TaskData:
     rng = common.task_rng(seed, "alignment")
-    p, h, k = geometry.patch_size, geometry.image_size, cfg.num_classes
+    p, k = geometry.patch_size, cfg.num_classes
     n_eval, n_fit = common.split_counts(n, cfg.eval_fraction)
     labels = np.concatenate([common.balanced_labels(rng, n_eval, k), common.balanced_labels(rng, n_fit, k)])
     glyphs = common.glyph_bank(rng, k, cfg.glyph_size, cfg.glyph_flips)  # (K, g, g)
-
     lo, hi = cfg.train_offsets
     dxy = np.concatenate([rng.integers(0, p, (n_eval, 2)), rng.integers(lo, hi + 1, (n_fit, 2))])
+    pool = _draw(rng, labels, dxy, glyphs, common.roles(n_eval, n_fit), geometry, cfg)
+    if not cfg.transfer_n:
+        return pool
+    # The transfer rows come from their own stream, after the pool: adding them leaves every pool image as it was.
+    t_rng = common.task_rng(seed, "alignment/transfer")
+    unseen = np.array([(x, y) for y in range(p) for x in range(p) if not (lo <= x <= hi and lo <= y <= hi)])
+    t_labels = common.balanced_labels(t_rng, cfg.transfer_n, k)
+    t_dxy = unseen[t_rng.integers(0, len(unseen), cfg.transfer_n)]
+    transfer = _draw(t_rng, t_labels, t_dxy, glyphs,
+                     np.array([common.ROLE_TRANSFER] * cfg.transfer_n, dtype=object), geometry, cfg)
+    return TaskData(np.concatenate([pool.images, transfer.images]), np.concatenate([pool.labels, transfer.labels]),
+                    pd.concat([pool.factors, transfer.factors], ignore_index=True), pool.class_names)
+
+
+def _draw(rng: np.random.Generator, labels: np.ndarray, dxy: np.ndarray, glyphs: np.ndarray, role: np.ndarray,
+          geometry: Geometry, cfg: AlignmentParams) -> TaskData:
+    """Images of ``labels``' glyphs at offsets ``dxy`` in random cells, colours, clutter and noise."""
+    n, p, h = len(labels), geometry.patch_size, geometry.image_size
+    lo, hi = cfg.train_offsets
     cells = rng.integers(0, num_cells(geometry, cfg.glyph_size), (n, 2))
     ys, xs = cells[:, 0] * p + dxy[:, 1], cells[:, 1] * p + dxy[:, 0]
 
@@ -61,6 +80,6 @@ def generate(n: int, seed: int, geometry: Geometry, cfg: AlignmentParams) -> Tas
         "position": common.pair_labels(cells[:, 1], cells[:, 0]),
         "x": xs, "y": ys,
         "id": (dx >= lo) & (dx <= hi) & (dy >= lo) & (dy <= hi),
-        "role": common.roles(n_eval, n_fit),
+        "role": role,
     })
-    return TaskData(images, labels, factors, [f"glyph{i}" for i in range(k)])
+    return TaskData(images, labels, factors, [f"glyph{i}" for i in range(cfg.num_classes)])

@@ -6,7 +6,8 @@ Conventions (all tasks):
 - randomness comes from ``numpy.random.Generator(PCG64)`` seeded by ``(seed, task id)``, so tasks draw
   independent streams from the one global seed;
 - ``factors`` has one row per sample; the columns ``role`` and ``id`` are shared by every task:
-  ``role`` is ``"fit"`` (a training/validation candidate) or ``"eval"`` (reserved for the test split), and
+  ``role`` is ``"fit"`` (a training/validation candidate), ``"eval"`` (reserved for the test split) or
+  ``"transfer"`` (a distillation transfer set outside the training range, where a task draws one), and
   ``id`` says whether the sample lies inside the training distribution (a task with a train range draws its
   ``fit`` rows inside it and its ``eval`` rows over the full range, so ``id`` is False only on eval rows).
 """
@@ -20,6 +21,9 @@ import numpy as np
 import pandas as pd
 
 ROLE_FIT, ROLE_EVAL = "fit", "eval"
+# Transfer rows (alignment's ``transfer_n``): at factor values no fit row has, never trained on with their labels;
+# distillation students with ``transfer: true`` see them with a teacher's targets only.
+ROLE_TRANSFER = "transfer"
 
 
 @dataclass(frozen=True)
