@@ -7,3 +7,7 @@ class ConfigError(ValueError):
 
 class StageError(RuntimeError):
     """A problem with inputs (a missing or corrupt file, a tampered checkpoint): reported as one line."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM to a stage process: handled as an interruption (runs ended KILLED and resumable), exit 143."""

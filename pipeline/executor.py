@@ -4,7 +4,8 @@ Contract (what stages rely on): ``map_runs(fn, items, workers=...)`` calls the p
 per item in worker processes and yields ``(item, result)`` in completion order. Workers compute and return;
 they never write DVC outputs or talk to MLflow: the stage process alone does (so a multi-node run leaves
 nothing on disks DVC cannot see). A worker exception reaches the caller as :class:`RunFailed`, which names the
-item and the log file holding the full traceback.
+item and the log file holding the full traceback; an interrupted worker (SIGINT) reaches it as
+``KeyboardInterrupt``, so the stage ends as an interrupted one (runs KILLED and resumable, exit 130).
 
 The engine is Dask distributed. With no address it starts a ``LocalCluster`` of ``workers`` single-thread
 worker processes bound to 127.0.0.1 (no dashboard); given an address (``scheduler=`` or the engine's own
@@ -136,8 +137,14 @@ def _unreachable(scheduler: str) -> str | None:
     if not sep or not port.isdigit():
         return "no port in the address (tcp://host:port)"
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=SCHEDULER_TIMEOUT_S):
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=SCHEDULER_TIMEOUT_S) as sock:
+            # A Dask scheduler speaks first (its handshake, right after accepting); a peer that stays silent
+            # would hold Client() in its handshake for good.
+            if not sock.recv(1):
+                return "the peer closed the connection without a Dask handshake"
             return None
+    except TimeoutError:
+        return f"something listens there but sent no Dask handshake within {SCHEDULER_TIMEOUT_S} s"
     except OSError as err:
         return f"cannot connect within {SCHEDULER_TIMEOUT_S} s: {err.strerror or err}"
 
@@ -275,6 +282,8 @@ def map_runs(fn: Callable[[Any], Any], items: Iterable[Any], *, workers: int = 1
         outcomes = _on_cluster(fn, items, threads, min(workers, n), address)
     try:
         for k, (item, ok, out) in enumerate(outcomes, 1):
+            if not ok and out[0].startswith("KeyboardInterrupt"):  # Ctrl-C reached a worker: cut short, not wrong
+                raise KeyboardInterrupt(f"run {describe(item)} interrupted")
             if not ok:
                 raise fail(item, out)
             report(k, item)

@@ -443,6 +443,7 @@ def stage_run(params: Params, stage: str, name: str, tags: dict[str, str] | None
     client = _client(uri)
     base = {**run_tags(stage), **(tags or {})}
     _end_dead_parents(client, exp_id, name)
+    _end_orphans(client, exp_id)
     parent = client.create_run(exp_id, run_name=name, tags={**base, "host": os.uname().nodename,
                                                            "pid": str(os.getpid())})
     run = StageRun(client, exp_id, parent.info.run_id, base)
@@ -487,6 +488,17 @@ def _end_dead_parents(client, exp_id: str, name: str) -> None:
     for run in found:
         t = run.data.tags
         if t.get("host") == os.uname().nodename and not _alive(t.get("pid", "")):
+            client.set_terminated(run.info.run_id, "KILLED")
+
+
+def _end_orphans(client, exp_id: str) -> None:
+    """A run whose stage ended without it (its parent no longer RUNNING) and whose checkpoint cannot name it (a
+    garbled ``config.json``) would stay RUNNING for good: end it KILLED. A run that resumes is reopened anyway."""
+    running = client.search_runs([exp_id], filter_string="attributes.status = 'RUNNING'", max_results=50000)
+    live = {r.info.run_id for r in running if "mlflow.parentRunId" not in r.data.tags}
+    for run in running:
+        parent = run.data.tags.get("mlflow.parentRunId")
+        if parent is not None and parent not in live:
             client.set_terminated(run.info.run_id, "KILLED")
 
 

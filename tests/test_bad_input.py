@@ -225,6 +225,26 @@ def forge_overlap(ws: Path) -> None:
     man_path.write_text(json.dumps(manifest))
 
 
+def drop_index(name: str) -> Callable[[Path], None]:
+    """Remove one array from alignment's indices.npz, the manifest left as it was."""
+    def setup(ws: Path) -> None:
+        path = ws / "data/slices/alignment/indices.npz"
+        with np.load(path) as z:
+            arrays = {k: z[k].copy() for k in z.files if k != name}
+        np.savez(path, **arrays)
+    return setup
+
+
+def labels_as_matrix(ws: Path) -> None:
+    """Labels of the right count in a (N, 1) array, meta.json's hash forged to match: a shape check sees it."""
+    path, meta_path = ws / "data/tasks/alignment/labels.npy", ws / "data/tasks/alignment/meta.json"
+    labels = np.load(path)[:, None]
+    np.save(path, labels)
+    meta = json.loads(meta_path.read_text())
+    meta["sha256"]["labels"] = hashlib.sha256(labels.tobytes()).hexdigest()
+    meta_path.write_text(json.dumps(meta))
+
+
 def tamper_images(ws: Path) -> None:
     path = ws / "data/tasks/alignment/images.npy"
     images = np.load(path)
@@ -430,6 +450,8 @@ CASES = [
     Case("train-label-out-of-range-forged", "train", forge_label, ("labels.npy", "labels outside 0..3")),
     Case("train-subset-overlaps-test-forged", "train", forge_overlap,
          ("indices.npz", "train_128 shares images with test")),
+    Case("indices-without-val", "train", drop_index("val"), ("indices.npz", "no val array")),
+    Case("labels-a-matrix-forged", "train", labels_as_matrix, ("labels.npy", "of shape (N,)")),
     # files: valid, but from another run
     Case("slices-stale", "train", regenerate_data, ("indices.npz", "rerun the slice stage")),
     Case("teacher-stale", "train", both(regenerate_data, reslice), ("provenance.json", "rerun the teacher stage")),
@@ -475,6 +497,18 @@ CASES = [
     Case("precision-unknown", "teacher", edit("train.runtime.precision", "fp7"), ("train.runtime.precision",)),
     Case("devices-word", "teacher", edit("train.runtime.devices", "many"), ("train.runtime.devices",)),
     Case("threads-huge", "teacher", edit("train.runtime.threads", 10**6), ("train.runtime.threads",)),
+    Case("num-nodes-without-launcher", "teacher", edit("train.runtime.num_nodes", 2),
+         ("train.runtime.num_nodes", "launcher")),
+    Case("student-relabel-without-transfer", "train",
+         edit("distill.students", {"deit": {"teacher": "resnet", "targets": "relabel"}}),
+         ("distill.students.deit", "needs transfer: true")),
+    Case("student-soft-relabel", "train", edit("distill.students", {"deit": {
+        "teacher": "resnet", "transfer": True, "targets": "relabel", "soft": True}}), ("distill.students.deit", "soft")),
+    Case("student-transfer-without-set", "train", both(edit("tasks.alignment.transfer_n", 0), edit(
+        "distill.students", {"deit": {"teacher": "resnet", "transfer": True}})),
+         ("distill.students.deit.transfer", "no transfer set")),
+    Case("student-unknown-targets", "train", edit("distill.students", {"deit": {"teacher": "resnet", "targets": "x"}}),
+         ("distill.students.deit", "targets")),
     Case("vit-heads-huge", "budget", edit("models.vit.num_heads", 10**6), ("models.vit.num_heads",)),
     Case("vit-depth-huge", "budget", edit("models.vit.depth", 10**7), ("models.vit.depth",)),
     Case("interface-probes-huge", "interface", edit("interface.probes", 10**9), ("interface.probes", "GiB")),

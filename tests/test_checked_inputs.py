@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import copy
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -246,3 +247,20 @@ def test_interrupted_stage_is_one_line(capsys):
     assert main([]) == 130
     assert capsys.readouterr().err.splitlines() == [
         "error: interrupted (every output is written whole or not at all; rerun to finish)"]
+
+
+def test_a_terminated_stage_ends_like_an_interrupted_one():
+    """SIGTERM to a stage process (kill, timeout, a scheduler's stop) goes the Ctrl-C way: one line, its MLflow
+    runs KILLED (stage_run treats it as KeyboardInterrupt), exit 143, instead of dying with runs RUNNING."""
+    import subprocess
+
+    code = ("import os, signal, time\n"
+            "from pipeline.stages.common import stage_main\n"
+            "@stage_main\n"
+            "def main(argv):\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    time.sleep(30)\n"
+            "raise SystemExit(main())\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 143 and done.stderr.strip().splitlines()[-1] == (
+        "error: terminated (every output is written whole or not at all; rerun to finish)")

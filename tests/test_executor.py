@@ -46,6 +46,12 @@ def always_die(_item) -> None:
     os._exit(1)
 
 
+def interrupt(item: int) -> int:
+    if item == 2:
+        raise KeyboardInterrupt
+    return item
+
+
 def raise_value(item: int) -> int:
     if item == 2:
         raise ValueError(f"bad item {item}\nsecond line")
@@ -215,3 +221,27 @@ def test_the_eta_weights_runs_by_their_expected_cost():
     assert eta(90.0, 3.0, 4.0) == pytest.approx(30.0)
     assert eta(90.0, 1.0, 4.0) == pytest.approx(270.0)
     assert hms(3725.4) == "1:02:05" and hms(float("nan")) == "?"
+
+
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_an_interrupted_run_interrupts_the_stage(workers):
+    """SIGINT in a worker is an interruption, not a failure: the caller sees KeyboardInterrupt (the stage then
+    ends its runs KILLED, resumable, with exit 130), never a RunFailed that would mark the run FAILED."""
+    with pytest.raises(KeyboardInterrupt, match="run run2 interrupted"):
+        list(map_runs(interrupt, [1, 2, 3], workers=workers, describe=lambda i: f"run{i}"))
+
+
+def test_a_silent_peer_at_the_scheduler_address_is_one_line(monkeypatch):
+    """Something that accepts TCP but never speaks Dask (a web server, a stuck process) held Client() in its
+    handshake for good; now one line after SCHEDULER_TIMEOUT_S."""
+    import socket
+
+    from pipeline.errors import StageError
+
+    monkeypatch.setattr(executor, "SCHEDULER_TIMEOUT_S", 1)
+    with socket.create_server(("127.0.0.1", 0)) as server:  # the kernel accepts; nobody ever writes
+        address = f"tcp://127.0.0.1:{server.getsockname()[1]}"
+        t0 = time.monotonic()
+        with pytest.raises(StageError, match="sent no Dask handshake within 1 s"), executor.dask_client(1, address):
+            pass
+    assert time.monotonic() - t0 < 10

@@ -282,3 +282,38 @@ def test_reachability_floor_row_needs_the_arm_to_learn_where_its_windows_reach()
         items.add(run, "relation", index, logits)
     row = ledger.judge(params, runs, items, floors, {}, 0).set_index("id").loc["reach.swin_local.relation"]
     assert row.reason == "" and row.in_a == 1.0 and row.verdict == "held"
+
+
+def test_an_agreement_row_scores_the_students_against_their_teacher():
+    """``agree/ood_teacher_wrong``: agreement with the a-arm's teacher on the out-of-distribution items it gets
+    wrong. A student that copies the teacher there beats one given random labels at the same rate, while both
+    learned in distribution (the gate reads accuracy, not agreement)."""
+    rng = np.random.default_rng(1)
+    labels = np.arange(N) % 2
+    ood = np.arange(0, N, 4)
+    items = cells.Items({"alignment": {"labels": labels, "factors": None, "subsets": {
+        "test": np.arange(N), "slice/ood": ood, "slice/id": np.setdiff1d(np.arange(N), ood)}}})
+    teacher = labels.copy()
+    teacher[ood[::2]] = 1 - teacher[ood[::2]]  # wrong on half of the unseen items, right elsewhere
+    items.add("teacher", "alignment", np.arange(N), np.eye(2)[teacher])
+    rows = [{"source": "teachers", "task": "alignment", "arch": "vit", "seed": 0, "dir": "teacher",
+             "train_size": 4000, "steps": 1000, "budget_mode": "steps", "data_seed": 0, "num_classes": 2,
+             "test_acc": float((teacher == labels).mean()), "curve": []}]
+    for arch in ("deit_vit_transfer", "deit_vit_relabel"):
+        for s in range(5):
+            said = np.where(rng.random(N) < 0.97, labels, 1 - labels)
+            said[ood] = teacher[ood] if arch == "deit_vit_transfer" else rng.integers(0, 2, len(ood))
+            items.add(f"{arch}/{s}", "alignment", np.arange(N), np.eye(2)[said])
+            rows.append({**rows[0], "source": "runs", "arch": arch, "seed": s, "dir": f"{arch}/{s}",
+                         "test_acc": float((said == labels).mean())})
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["train"]["archs"], raw["train"]["grids"] = {"vit": {"models": "vit", "tasks": ["alignment"]}}, {}
+    raw["distill"]["teachers"] = {"vit": "vit"}
+    raw["distill"]["students"] = {a: {"teacher": "vit", "tasks": ["alignment"], "transfer": True, **extra}
+                                  for a, extra in (("deit_vit_transfer", {}),
+                                                   ("deit_vit_relabel", {"targets": "relabel"}))}
+    raw["report"]["bootstrap_samples"] = 200
+    led = ledger.judge(parse_params(raw), pd.DataFrame(rows), items, {}, {}, 0)
+    row = led.set_index("id").loc["distill.inherit.alignment"]
+    assert row["items"] == len(ood) // 2 and row.acc_a == 1.0 and 0.3 < row.acc_b < 0.7
+    assert row.in_a > 0.95 and row.verdict == "held" and row.reason == ""

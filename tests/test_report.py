@@ -357,6 +357,9 @@ def test_agreement_where_the_teacher_is_wrong_separates_inheritance_from_accurac
     assert got.loc["deit", "agree_teacher_wrong"] == 1.0 and got.loc["vit", "agree_teacher_wrong"] == 0.0
     assert got.loc["vit", "agreement"] == pytest.approx(4 / 6)
     assert got.loc["vit", "agree_ood"] == pytest.approx(1 / 3) and got.loc["deit", "agree_ood"] == 1.0
+    wrong_ood = np.intersect1d([2, 3, 4], np.flatnonzero(teacher != labels))  # where a transferred bias shows
+    assert len(wrong_ood) and got.loc["deit", "agree_ood_teacher_wrong"] == 1.0
+    assert got.loc["vit", "agree_ood_teacher_wrong"] == 0.0
 
 
 def test_distillation_table_reads_one_configuration_with_seed_intervals_and_the_teachers_disagreement():
@@ -387,3 +390,10 @@ def test_distillation_table_reads_one_configuration_with_seed_intervals_and_the_
     lo, hi = table.loc["deit", ["acc_ood_lo", "acc_ood_hi"]]  # seeds 0.5 and 0.25: t(1) interval, clipped to [0, 1]
     assert lo == 0.0 and 0.375 < hi <= 1.0
     assert table.loc["deit", "teacher_disagrees"] == 0.2 and math.isnan(table.loc["deit_labels", "teacher_disagrees"])
+    transfer = aggregate.distillation_table(runs, pd.DataFrame(agree), acc, {}, {("resnet", "scale"): 0.3})
+    assert transfer.set_index("arch").loc["deit", "teacher_disagrees_transfer"] == 0.3
+    # the agreements in long form, one seed-level interval per arm, teacher and where
+    long = aggregate.agreement_table(pd.DataFrame(agree).assign(agreement=[0.4, 0.6, 0.5, 0.5]), 0.95)
+    row = long.set_index(["arch", "where"]).loc[("deit", "test")]
+    assert (row.seeds, row["mean"]) == (2, pytest.approx(0.5)) and row.ci_lo < 0.5 < row.ci_hi
+    assert set(long["where"]) == {"test"}  # NaN rates (no ood slice here) are left out, not averaged as 0

@@ -199,3 +199,27 @@ def test_every_run_logs_its_network_and_datasets(copy_workspace):
     with torch.no_grad():
         again = net(to_tensor(images)).numpy()
     np.testing.assert_allclose(again, logits, rtol=1e-4, atol=1e-5)
+
+
+def test_a_run_its_stage_left_running_is_ended_by_the_next_stage(tmp_path):
+    """A stage that died with a run open, whose checkpoint stamp can no longer name that run (a garbled
+    config.json), would leave it RUNNING for good: the next stage of the experiment ends it KILLED, and leaves a
+    run of a stage that is still alive alone."""
+    from mlflow.tracking import MlflowClient
+    from test_tracking_faults import params_for
+
+    from pipeline import tracking
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    with tracking.stage_run(params_for(uri), "train", "train") as first:
+        orphan = first.open("train/vit/alignment/s0", {}, {})
+        first_parent = first.run_id
+    client.update_run(orphan, status="RUNNING")  # as a SIGKILL between opening and finishing leaves it
+    with tracking.stage_run(params_for(uri), "train", "train") as second:
+        assert client.get_run(orphan).info.status == "KILLED"
+        assert client.get_run(first_parent).info.status != "RUNNING"
+        mine = second.open("train/vit/alignment/s1", {}, {})
+        with tracking.stage_run(params_for(uri), "train", "train-probe"):  # a live stage's run is not an orphan
+            assert client.get_run(mine).info.status == "RUNNING"
+        second.finish(mine)

@@ -121,10 +121,11 @@ def wide(curve: pd.DataFrame, x: str, columns: list[str], value: str = "mean") -
 
 
 def distillation_table(runs: pd.DataFrame, agreements: pd.DataFrame, accuracy: pd.DataFrame | None = None,
-                       disagreement: dict | None = None) -> pd.DataFrame:
+                       disagreement: dict | None = None, transfer: dict | None = None) -> pd.DataFrame:
     """Per task x arch (the arms of the distillation rows, and the teachers): seeds, mean test accuracy, its
     teacher and that teacher's disagreement with the labels on the students' training images
-    (``teacher_disagrees``), in- and out-of-distribution accuracy with seed-level intervals (``accuracy``: rows
+    (``teacher_disagrees``) and on the task's transfer set (``teacher_disagrees_transfer``, from ``transfer``),
+    in- and out-of-distribution accuracy with seed-level intervals (``accuracy``: rows
     task, arch, source, slice, mean, ci_lo, ci_hi), the mean agreement with every teacher on the test split
     (``agree_<teacher>``), on its out-of-distribution slice (``agree_ood_<teacher>``) and on the items that
     teacher gets wrong (``agree_wrong_<teacher>``: where a transferred bias shows, since the labels never say so).
@@ -138,20 +139,41 @@ def distillation_table(runs: pd.DataFrame, agreements: pd.DataFrame, accuracy: p
     pool = runs.merge(agreements[keys].drop_duplicates(), on=keys)
     out = pool.groupby(keys, as_index=False).agg(seeds=("seed", "nunique"), mean=("test_acc", "mean"),
                                                  teacher_arch=("teacher_arch", "first"))
-    rates = disagreement or {}
-    out["teacher_disagrees"] = [rates.get((t, task), math.nan) for t, task in zip(out.teacher_arch, out.task,
-                                                                                       strict=True)]
+    for col, rates in (("teacher_disagrees", disagreement or {}), ("teacher_disagrees_transfer", transfer or {})):
+        out[col] = [rates.get((t, task), math.nan) for t, task in zip(out.teacher_arch, out.task, strict=True)]
     for name, g in (accuracy.groupby("slice") if accuracy is not None and len(accuracy) else ()):
         tag = name.removeprefix("slice/")
         wide = g.set_index(keys)[["mean", "ci_lo", "ci_hi"]].rename(
             columns={"mean": f"acc_{tag}", "ci_lo": f"acc_{tag}_lo", "ci_hi": f"acc_{tag}_hi"})
         out = out.merge(wide.reset_index(), on=keys, how="left")
     for value, prefix in (("agreement", "agree_"), ("agree_ood", "agree_ood_"),
-                          ("agree_teacher_wrong", "agree_wrong_")):
+                          ("agree_teacher_wrong", "agree_wrong_"), ("agree_ood_teacher_wrong", "agree_ood_wrong_")):
         if value not in agreements or agreements[value].isna().all():
             continue
         wide = agreements.pivot_table(index=keys, columns="teacher", values=value, aggfunc="mean")
         out = out.merge(wide.add_prefix(prefix).reset_index().rename_axis(columns=None), on=keys, how="left")
+    return out
+
+
+def agreement_table(agreements: pd.DataFrame, level: float) -> pd.DataFrame:
+    """Long form of the agreements (:func:`pipeline.report.sources.agreements`): per task, arch, teacher and
+    ``where`` (test, ood, teacher_wrong, ood_teacher_wrong), the seeds, the seed mean and its seed-level t
+    interval. A teacher compared with another teacher is one seed: no interval."""
+    from pipeline.report.cells import seed_accuracy
+
+    cols = ["task", "arch", "source", "teacher", "where", "seeds", "mean", "ci_lo", "ci_hi"]
+    if agreements.empty:
+        return pd.DataFrame(columns=cols)
+    names = {"agreement": "test", "agree_ood": "ood", "agree_teacher_wrong": "teacher_wrong",
+             "agree_ood_teacher_wrong": "ood_teacher_wrong"}
+    long = agreements.melt(id_vars=["task", "arch", "source", "teacher", "seed"],
+                           value_vars=[k for k in names if k in agreements],
+                           var_name="where", value_name="value").dropna(subset=["value"])
+    rows = [{**dict(zip(["task", "arch", "source", "teacher", "where"], key, strict=True)), "seeds": len(g),
+             **seed_accuracy(g.sort_values("seed")["value"].to_numpy(dtype=float), level)}
+            for key, g in long.groupby(["task", "arch", "source", "teacher", "where"], sort=True)]
+    out = pd.DataFrame(rows, columns=cols)
+    out["where"] = out["where"].map(names)
     return out
 
 

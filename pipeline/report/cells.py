@@ -64,6 +64,27 @@ class Items:
         return (*out, common) if with_index else out
 
 
+    def agreeing_with(self, task: str, teacher_index: np.ndarray, teacher_logits: np.ndarray,
+                      run_dirs) -> Items:
+        """The runs ``run_dirs`` (all on ``task``) scored against a teacher instead of the labels: "right" on an
+        item where a run predicts what the teacher predicts. Subsets ``agree/test``, ``agree/ood``, and the
+        items the teacher gets wrong, ``agree/teacher_wrong`` and ``agree/ood_teacher_wrong`` (where only a bias
+        the student inherited makes it agree: the labels never say so)."""
+        pool = self.pools[task]
+        said = np.full(len(pool["labels"]), -1, dtype=np.int64)
+        said[teacher_index] = teacher_logits.argmax(-1)
+        wrong = teacher_index[said[teacher_index] != pool["labels"][teacher_index]]
+        subsets = {"agree/test": pool["subsets"]["test"], "agree/teacher_wrong": np.sort(wrong)}
+        if (ood := pool["subsets"].get("slice/ood")) is not None:
+            subsets.update({"agree/ood": ood, "agree/ood_teacher_wrong": np.intersect1d(ood, wrong)})
+        view = Items({task: {**pool, "labels": said, "subsets": {**pool["subsets"], **subsets}}})
+        for run_dir in run_dirs:
+            if (got := self.runs.get(run_dir)) is not None:
+                index, _, logits = got
+                view.runs[run_dir] = (index, logits.argmax(-1) == said[index], logits)
+        return view
+
+
 def _take(index: np.ndarray, values: np.ndarray, wanted: np.ndarray) -> np.ndarray:
     """``values`` (aligned with ``index``) at the pool indices ``wanted`` (all present in ``index``)."""
     order = np.argsort(index, kind="stable")

@@ -122,10 +122,14 @@ def plan(params) -> list[dict]:
     """Every ledger row for this configuration (a function of params only)."""
     conf = configured_cells(params)
     rows = []
+    students = params.distill.students
     for c in CONTRASTS:
         for task in c["tasks"] or params.tasks.names:  # a distill.* row: wherever both its arms train
             if task in conf.get(c["a"], ()) and task in conf.get(c["b"], ()):
-                rows.append({**c, "id": f"{c['id']}.{task}", "task": task, "kind": "paired"})
+                # an agree/* row scores both arms against a's teacher (cells.Items.agreeing_with)
+                teacher = students[c["a"]].teacher if c["subset"].startswith("agree/") and c["a"] in students \
+                    else ""
+                rows.append({**c, "id": f"{c['id']}.{task}", "task": task, "kind": "paired", "teacher": teacher})
     for f in FLOOR_ROWS:
         rows += [{**f, "id": f"{f['id']}.{task}", "task": task, "b": "floor", "kind": "floor", "expect": "<="}
                  for task in f["tasks"] if task in conf.get(f["a"], ())]
@@ -301,14 +305,17 @@ def _units(items: cells.Items, task: str, index: np.ndarray) -> np.ndarray | Non
     return cells.twin_ids(task, index, pool.get("factors"))
 
 
-def measure_paired(row: dict, a_rows, b_rows, items: cells.Items, rp, seed: int, margin: float) -> dict:
+def measure_paired(row: dict, a_rows, b_rows, items: cells.Items, rp, seed: int, margin: float,
+                   scored: cells.Items | None = None) -> dict:
     """Per-seed means of both arms on the compared slice (twin pairs averaged first), their paired t interval,
     two-sided p, TOST p, the non-equivalence p (``p_out``), the within-seed item precision, and each arm's
-    in-distribution accuracy."""
-    subset = items.subset(row["task"], row["subset"])
+    in-distribution accuracy. ``scored``: the items the compared slice is scored on (default ``items``; an
+    agreement row's view scores agreement with a teacher)."""
+    scored = scored or items
+    subset = scored.subset(row["task"], row["subset"])
     seeds = sorted(set(a_rows.seed) & set(b_rows.seed))
-    ga = items.matrix(a_rows, subset, seeds, with_index=True)
-    gb = items.matrix(b_rows, subset, seeds, with_index=True)
+    ga = scored.matrix(a_rows, subset, seeds, with_index=True)
+    gb = scored.matrix(b_rows, subset, seeds, with_index=True)
     if ga is None or gb is None or ga[1].shape != gb[1].shape or not np.array_equal(ga[2], gb[2]):
         return {}
     units = _units(items, row["task"], ga[2])
@@ -358,7 +365,14 @@ def measure(row: dict, runs: pd.DataFrame, items: cells.Items, config: dict, flo
            "chance": chance, "learn_at": learnability.learn_threshold(chance, learning_floor(floors, task), fraction)}
     if row["kind"] == "paired":
         b_rows = cells.select(runs, task, row["b"], config)
-        return {**out, **measure_paired(row, a_rows, b_rows, items, rp, seed, row["margin"])}
+        scored = items
+        if row.get("teacher"):  # scored by agreement with the teacher (the gate still reads accuracy)
+            t = runs[(runs.source == "teachers") & (runs.task == task) & (runs.arch == row["teacher"])]
+            got = items.runs.get(t["dir"].iloc[0]) if len(t) else None
+            if got is None:
+                return out
+            scored = items.agreeing_with(task, got[0], got[2], [*a_rows["dir"], *b_rows["dir"]])
+        return {**out, **measure_paired(row, a_rows, b_rows, items, rp, seed, row["margin"], scored)}
     if row["kind"] == "floor":
         return {**out, **measure_floor(row, a_rows, items, rp, seed, floor, bound)}
     return {**out, **exact_twins(a_rows, items, task)}

@@ -55,6 +55,7 @@ class Inputs:
     items: cells.Items
     floors: dict[str, dict]
     disagreement: dict
+    transfer_disagreement: dict  # (teacher, task) -> its disagreement with the labels on the transfer set
     interface: dict
     curve_runs: pd.DataFrame
     collisions: pd.DataFrame
@@ -71,7 +72,9 @@ def load(params, records: list[dict], tasks_dir: Path | None, slices_dir: Path |
         if r.task in pools and (pred := sources.read_predictions(r.dir)) is not None:
             items.add(r.dir, r.task, *pred)
     return Inputs(params, records, runs, items, sources.read_floors(shortcuts_dir, task_names),
-                  sources.teacher_disagreement(teachers_dir), interface, runs[runs.source == "curve"],
+                  sources.teacher_disagreement(teachers_dir),
+                  sources.teacher_disagreement(teachers_dir, "transfer_disagree"), interface,
+                  runs[runs.source == "curve"],
                   trained_collisions(params, runs, pools, tasks_dir))
 
 
@@ -108,6 +111,14 @@ def _table(out: Path, name: str, title: str, note: str, df: pd.DataFrame, shown:
     return f"tables/{name}.md"
 
 
+AGREEMENT_NOTE = (
+    "Per task, arm and teacher: the share of items on which the arm predicts what that teacher predicts, seed mean "
+    "with its seed-level t interval ({level:.0%}), on `where`: `test` (every test item), `ood` (unseen factor "
+    "values), `teacher_wrong` (the items the teacher gets wrong) and `ood_teacher_wrong` (the unseen items it gets "
+    "wrong: a transfer student that agrees there inherited the teacher's bias, since no label says so; a "
+    "relabel control at the same rate shows what noise alone gives). `items`: how many items the rate is over.")
+
+
 def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str, pd.DataFrame]]:
     """Write every table; returns (name -> path, the frames the figures and summary reuse)."""
     rp, runs = inp.params.report, inp.runs
@@ -122,9 +133,11 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
     learn = learnability_table(inp, config)
     # the distillation rows' arms (students, deit_labels, vit) in the main grid, beside the teachers
     arms = sorted({c[arm] for c in ledger.CONTRASTS if c["id"].startswith("distill.") for arm in ("a", "b")})
+    d = inp.params.distill
+    taught = sorted({t for teacher in d.teachers for t in d.teacher_tasks(teacher)})
     distilled = pd.concat([runs[runs.source == "teachers"], *(cells.select(runs, t, a, config) for a in arms
-                                                              for t in inp.params.distill.tasks)])
-    agree = sources.agreements(distilled, arms, list(inp.params.distill.tasks), inp.items)
+                                                              for t in taught)])
+    agree = sources.agreements(distilled, arms, taught, inp.items)
     distill_acc = cells.slice_accuracy(distilled, inp.items, ("slice/id", "slice/ood"), rp.confidence)
     floors = markdown.floors_line(inp.floors)
     flags = markdown.floor_flags(inp.floors)
@@ -153,7 +166,11 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
             "`agree_ood_<teacher>`: the same on the out-of-distribution slice; `agree_wrong_<teacher>`: on the "
             "items that teacher gets wrong, where only an inherited bias makes a student agree (a label-trained "
             "model agrees there by chance or by a shared error). Paired contrasts with CIs: the ledger.",
-            agg.distillation_table(distilled, agree, distill_acc, inp.disagreement),
+            agg.distillation_table(distilled, agree, distill_acc, inp.disagreement, inp.transfer_disagreement),
+            empty="not run (distillation disabled)"),
+        "distillation agreement (seed-level intervals)": _table(
+            out, "distillation_agreement", "Distillation: agreement with the teacher, with seed-level intervals",
+            AGREEMENT_NOTE.format(level=rp.confidence), agg.agreement_table(agree, rp.confidence),
             empty="not run (distillation disabled)"),
         "data-size curve": _table(out, "size_curve", "Test accuracy vs training-set size", f"{note}\n\n{floors}",
                                   size_tab, empty="not run (no data-size curve)"),

@@ -138,14 +138,15 @@ def _find_rate(obj, word: str = "disagree") -> float | None:
     return None
 
 
-def teacher_disagreement(teachers_dir: Path | None) -> dict[tuple[str, str], float]:
+def teacher_disagreement(teachers_dir: Path | None, word: str = "disagree") -> dict[tuple[str, str], float]:
     """(teacher arch, task) -> the teacher's disagreement with the true labels on the students' training
-    images, from ``<teachers>/<arch>/<task>/provenance.json``."""
+    images, from ``<teachers>/<arch>/<task>/provenance.json``; ``word="transfer_disagree"``: on the task's
+    transfer set instead (where it has one)."""
     if teachers_dir is None or not teachers_dir.exists():
         return {}
     out = {}
     for path in sorted(teachers_dir.glob("*/*/provenance.json")):
-        rate = _find_rate(read_checked(path, TEACHER_PROVENANCE))
+        rate = _find_rate(read_checked(path, TEACHER_PROVENANCE), word)
         if rate is not None:
             out[(path.parent.parent.name, path.parent.name)] = rate
     return out
@@ -214,15 +215,21 @@ def agreements(runs: pd.DataFrame, arms, teacher_tasks: list[str], items=None) -
             rows.append({"task": t.task, "arch": r.arch, "source": r.source, "seed": r.seed, "teacher": t.arch,
                          "agreement": agreement(rp[0], rp[1], tp[0], tp[1]),
                          **_where_it_matters(items, t.task, rp, tp)})
-    return pd.DataFrame(rows, columns=["task", "arch", "source", "seed", "teacher", "agreement", "agree_ood",
-                                       "agree_teacher_wrong"])
+    return pd.DataFrame(rows, columns=["task", "arch", "source", "seed", "teacher", *AGREEMENTS])
+
+
+# agreement with a teacher: on the test split, its out-of-distribution slice, the items the teacher gets wrong,
+# and the out-of-distribution items it gets wrong (where a transfer set's bias shows)
+AGREEMENTS = ("agreement", "agree_ood", "agree_teacher_wrong", "agree_ood_teacher_wrong")
 
 
 def _where_it_matters(items, task: str, rp: tuple, tp: tuple) -> dict[str, float]:
     pool = items.pools.get(task) if items is not None else None
     if pool is None:
-        return {"agree_ood": math.nan, "agree_teacher_wrong": math.nan}
+        return dict.fromkeys(AGREEMENTS[1:], math.nan)
     ood = items.subset(task, "slice/ood")
     wrong = tp[0][tp[1].argmax(-1) != pool["labels"][tp[0]]]
-    return {"agree_ood": agreement(rp[0], rp[1], tp[0], tp[1], ood) if ood is not None else math.nan,
-            "agree_teacher_wrong": agreement(rp[0], rp[1], tp[0], tp[1], wrong)}
+    on = {"agree_ood": ood, "agree_teacher_wrong": wrong,
+          "agree_ood_teacher_wrong": np.intersect1d(ood, wrong) if ood is not None else None}
+    return {k: agreement(rp[0], rp[1], tp[0], tp[1], idx) if idx is not None and len(idx) else math.nan
+            for k, idx in on.items()}

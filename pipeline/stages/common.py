@@ -8,13 +8,14 @@ import functools
 import gc
 import os
 import resource
+import signal
 import sys
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.errors import ConfigError, StageError
+from pipeline.errors import ConfigError, StageError, Terminated
 
 if TYPE_CHECKING:
     from pipeline.config import Params
@@ -40,6 +41,8 @@ def stage_main(fn: Callable[[list[str] | None], None]) -> Callable[[list[str] | 
     @functools.wraps(fn)
     def wrapper(argv: list[str] | None = None) -> int:
         announce_stage()
+        if argv is None:  # a program (not a test): `kill`, `timeout` or a scheduler's stop ends it like Ctrl-C
+            signal.signal(signal.SIGTERM, _terminate)
         try:
             return _run(fn, argv)
         finally:
@@ -52,15 +55,20 @@ def stage_main(fn: Callable[[list[str] | None], None]) -> Callable[[list[str] | 
     return wrapper
 
 
+def _terminate(signum, frame) -> None:
+    raise Terminated
+
+
 def _run(fn: Callable[[list[str] | None], None], argv: list[str] | None) -> int:
     try:
         fn(argv)
     except (ConfigError, StageError) as err:
         print(f"error: {one_line(str(err))}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C: outputs are atomic and MLflow runs ended KILLED, so no traceback to read
-        print("error: interrupted (every output is written whole or not at all; rerun to finish)", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: outputs are atomic and MLflow runs ended KILLED
+        what = "terminated" if isinstance(err, Terminated) else "interrupted"
+        print(f"error: {what} (every output is written whole or not at all; rerun to finish)", file=sys.stderr)
+        return 143 if isinstance(err, Terminated) else 130
     except PermissionError as err:
         print(f"error: cannot write {err.filename}: permission denied", file=sys.stderr)
         return 2
@@ -136,6 +144,19 @@ def run_folders(args: argparse.Namespace):
 WORKER_IMPORTS = ("torch", "lightning", "timm", "pipeline.experiment", "pipeline.learner", "pipeline.models")
 
 
+# What a multi-node launcher (torchrun, SLURM, an MPI runner) sets: Lightning's cluster environments read them.
+LAUNCHERS = ("MASTER_ADDR", "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+def check_launch(rt) -> None:
+    """``num_nodes > 1`` without a launcher would wait for peer nodes that never come (a silent hang)."""
+    if rt.num_nodes > 1 and not any(os.environ.get(k) for k in LAUNCHERS):
+        raise ConfigError(f"train.runtime.num_nodes: {rt.num_nodes} nodes need a multi-node launcher "
+                          f"(torchrun or SLURM set one of {', '.join(LAUNCHERS)}); none is set here, so the "
+                          "run would wait for peers forever. Use 1, or spread runs over machines with "
+                          "train.runtime.scheduler")
+
+
 def run_training(stage: str, specs: list, params: Params, args: argparse.Namespace) -> list[dict]:
     """Run ``specs`` as the runs of ``stage`` in one worker pool (finished ones are kept, interrupted ones resume),
     then drop the outputs of runs no longer configured; returns every run's metrics.
@@ -146,6 +167,7 @@ def run_training(stage: str, specs: list, params: Params, args: argparse.Namespa
     from pipeline.executor import worker_pool
 
     rt = params.train.runtime
+    check_launch(rt)
     with worker_pool(rt.workers if len(specs) > 1 else 1, rt.scheduler, WORKER_IMPORTS) as pool:
         from pipeline.experiment import execute, prune
 
