@@ -62,7 +62,7 @@ def stage_times(logs: list[Path]) -> tuple[dict[str, float], float]:
 
 
 # The training stages by the data/ folder their runs live in (dvc.yaml's outs).
-STAGE_OF = {"runs": "train", "teachers": "teacher", "tune": "tune"}
+STAGE_OF = {"runs": "train", "runs_more": "train_more", "teachers": "teacher", "tune": "tune"}
 
 
 def run_rows(repo: Path) -> pd.DataFrame:
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
 
         timing["machine_steps_s"] = {"steps": PHASE_STEPS, "s": {
             arch: overheads.breakdown(arch, PHASE_STEPS, repeat=1)["phases"]["fit/steps"] for arch in PHASE_ARCHS}}
-    savings = stop_savings(runs[runs.stage.isin(["train", "tune"])])
+    savings = stop_savings(runs[runs.stage.isin(["train", "train_more", "tune"])])
     summary_path = args.repo / "reports" / "summary.json"
     paired, every = decided(json.loads(summary_path.read_text())) if summary_path.exists() else (0, 0)
     timing["per_decision"] = {"informative_paired": paired, "informative": every,

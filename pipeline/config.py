@@ -353,6 +353,17 @@ class Tune(Section):
         return self
 
 
+# --------------------------------------------------------------------------- sequential seeds
+class Plan(Section):
+    """The second look (docs/design.md §4 "Sequential seeds"): the ``plan`` stage reads the first look's ledger
+    (every cell at ``train.seeds``) and gives a paired row that is informative but underpowered the seeds its
+    power calculation asks for, when that is at most ``max_seeds``; ``train_more`` trains only those. Each look is
+    one Holm family at half of ``1 - report.confidence``. ``max_seeds`` at or below the first look's seed count:
+    no second look, one family at the whole alpha."""
+
+    max_seeds: Count
+
+
 # --------------------------------------------------------------------------- report
 TaskName = Literal["alignment", "scale", "relation", "arrangement", "natural"]
 class Report(Section):
@@ -556,6 +567,7 @@ class Params(Section):
     tune: Tune
     tracking: Tracking
     report: Report
+    plan: Plan
     tasks: Tasks
     slice: Slicing
     evaluation: Evaluation

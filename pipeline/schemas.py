@@ -43,3 +43,6 @@ INTERFACE_SUMMARY: Shape = {"checks.checked": int, "checks.held": int, "key_numb
 
 # reports/summary.json (report stage): the ledger's counts, as `bias repro` prints them.
 REPORT_SUMMARY: Shape = {"ledger": dict}
+
+# data/plan/plan.json (stages.plan): the second look, which rows continue on which seeds, which cells train them.
+SEED_PLAN: Shape = {"enabled": bool, "rows": list, "cells": list}

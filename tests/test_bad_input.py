@@ -503,7 +503,8 @@ CASES = [
          edit("distill.students", {"deit": {"teacher": "resnet", "targets": "relabel"}}),
          ("distill.students.deit", "needs transfer: true")),
     Case("student-soft-relabel", "train", edit("distill.students", {"deit": {
-        "teacher": "resnet", "transfer": True, "targets": "relabel", "soft": True}}), ("distill.students.deit", "soft")),
+        "teacher": "resnet", "transfer": True, "targets": "relabel", "soft": True}}),
+         ("distill.students.deit", "soft")),
     Case("student-transfer-without-set", "train", both(edit("tasks.alignment.transfer_n", 0), edit(
         "distill.students", {"deit": {"teacher": "resnet", "transfer": True}})),
          ("distill.students.deit.transfer", "no transfer set")),

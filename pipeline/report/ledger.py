@@ -437,11 +437,14 @@ def _needs_text(verdict: str, needed: int | None, seeds: int, cap: int) -> str:
     return str(needed) if needed is not None else f">{cap}"
 
 
-def decide(table: pd.DataFrame, rp) -> pd.DataFrame:
-    """One Holm family over every decision test of the decided rows (those that ran, are not exact and have
-    no gate ``reason``), each row's verdict and, if underpowered, the seeds needed for rp.power at its Holm
-    level (``needs_seeds`` as text: capped at ">max_seeds"; a one-seed row has no variance to size from)."""
-    alpha = 1 - rp.confidence
+def decide(table: pd.DataFrame, rp, alpha: float | None = None) -> pd.DataFrame:
+    """One Holm family at ``alpha`` (default ``1 - rp.confidence``) over every decision test of the decided rows
+    (those that ran, are not exact and have no gate ``reason``), each row's verdict and, if underpowered, the
+    seeds needed for rp.power at its Holm level (``needs_seeds`` as text: capped at ">max_seeds"; a one-seed row
+    has no variance to size from)."""
+    alpha = 1 - rp.confidence if alpha is None else alpha
+    if table.empty:
+        return table.assign(p_holm=[], p_tost_holm=[], p_out_holm=[], verdict=[], seeds_needed=[], needs_seeds=[])
     t = table.copy().reset_index(drop=True)
     t["decided"] = (t.seeds > 0) & (t.kind != "exact") & (t.reason == "")
     fam = family(t)
@@ -481,39 +484,76 @@ COLUMNS = ["id", "finding", "kind", "task", "a", "b", "subset", "expect", "isola
 
 
 def judge(params, runs: pd.DataFrame, items: cells.Items, floors: dict, disagreement: dict,
-          seed: int, collisions: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The ledger: one row per planned prediction with its measurement, gate, Holm p-values and verdict."""
-    rp, config = params.report, cells.main_config(runs)
+          seed: int, collisions: pd.DataFrame | None = None, seed_plan: dict | None = None,
+          transfer_rates: dict | None = None) -> pd.DataFrame:
+    """The ledger: one row per planned prediction with its measurement, gate, Holm p-values and verdict.
+
+    Look 1 judges every row on ``train.seeds``; with a ``seed_plan`` (the ``plan`` stage's, :mod:`.seeds`), look 2
+    judges the rows it continued on the seeds it gave them, and replaces their look-1 line. Each look is one
+    Holm family at :func:`pipeline.report.seeds.look_alpha` (column ``look``)."""
+    from pipeline.report import seeds as sequential
+
+    rp = params.report
     check_margins(CONTRASTS, rp.equivalence_margin)
+    alpha = sequential.look_alpha(params)
+    first = _rows(params, runs, items, floors, disagreement, transfer_rates or {}, seed, set(params.train.seeds))
+    ip = params.interface
+    first += [{**r, "reason": "", "margin": math.nan, "margin_reason": ""}
+              for r in collision_rows(collisions, ip.exact_tol, ip.atol)]
+    table = decide(_frame(first), rp, alpha).assign(look=1)
+    more = {r["id"]: set(r["seeds"]) for r in (seed_plan or {}).get("rows", []) if r["continued"]}
+    if more and len(table):
+        second = _rows(params, runs, items, floors, disagreement, transfer_rates or {}, seed, more)
+        again = decide(_frame(second), rp, alpha).assign(look=2).set_index("id")
+        table = table.set_index("id")
+        table.loc[again.index, again.columns] = again
+        table = table.reset_index()
+    return table
+
+
+def _frame(rows: list[dict]) -> pd.DataFrame:
+    table = pd.DataFrame(rows).reindex(columns=COLUMNS)
+    table["reason"] = table["reason"].fillna("")
+    return table
+
+
+def _rows(params, runs: pd.DataFrame, items: cells.Items, floors: dict, disagreement: dict, transfer: dict,
+          seed: int, seeds) -> list[dict]:
+    """Every planned row measured and gated on ``seeds``: a set (every row) or row id -> set (only those rows)."""
+    rp, config = params.report, cells.main_config(runs)
     rows = []
     reach = agg.steps_to_reach(runs, rp.escape_threshold, cells.CELL)
     default = {"margin": rp.equivalence_margin,
                "margin_reason": "report.equivalence_margin (no row of its own; at most the smallest anchored effect)"}
     for row in plan(params) + budget_rows(runs, config):
+        allowed = seeds.get(row["id"]) if isinstance(seeds, dict) else seeds
+        if allowed is None:
+            continue
         row = {**default, **row}
-        m = measure(row, runs, items, config, floors, rp, seed)
-        ctx = ""
-        if row["finding"] == "budget":
-            ctx = budget_context(reach, row, config)
-        if row["id"].startswith("distill.teacher"):
-            rates = {t: r for (t, task), r in disagreement.items() if task == row["task"]}
-            ctx = ", ".join(f"{t} teacher disagrees with labels on {r:.1%}" for t, r in sorted(rates.items()))
-            if len(rates) > 1:  # teachers are not accuracy-matched: the mismatch stands beside the comparison
-                gap = max(rates.values()) - min(rates.values())
-                ctx += f"; teacher accuracy mismatch on the students' data {gap:.1%}"
+        m = measure(row, runs[(runs.source != "runs") | runs.seed.isin(allowed)], items, config, floors, rp, seed)
         rows.append({"id": row["id"], "finding": row["finding"], "kind": row["kind"], "task": row["task"],
                      "a": row["a"], "b": row["b"], "subset": row["subset"], "expect": row["expect"],
                      "isolates": row["isolates"], "margin": row["margin"], "margin_reason": row["margin_reason"],
                      "exact": False, "max_logit_diff": math.nan, **m, "reason": gate(row, m, rp.ceiling_tol),
-                     "context": ctx, "claim": row.get("claim", ""), "detail": ""})
-    ip = params.interface
-    rows += [{**r, "reason": "", "margin": math.nan, "margin_reason": ""}
-             for r in collision_rows(collisions, ip.exact_tol, ip.atol)]
-    table = pd.DataFrame(rows).reindex(columns=COLUMNS)
-    table["reason"] = table["reason"].fillna("")
-    if table.empty:
-        return table.assign(p_holm=[], p_tost_holm=[], p_out_holm=[], verdict=[], seeds_needed=[], needs_seeds=[])
-    return decide(table, rp)
+                     "context": _context(row, reach, config, disagreement, transfer), "claim": row.get("claim", ""),
+                     "detail": ""})
+    return rows
+
+
+def _context(row: dict, reach: pd.DataFrame, config: dict, disagreement: dict, transfer: dict) -> str:
+    """What stands beside a row's numbers: a budget row's steps to the threshold; a distillation row's teachers'
+    disagreement with the labels (on the students' images, or on the transfer set for a transfer row)."""
+    if row["finding"] == "budget":
+        return budget_context(reach, row, config)
+    if not row["id"].startswith("distill."):
+        return ""
+    on_transfer = row["id"].startswith(("distill.transfer", "distill.inherit"))
+    rates = {t: r for (t, task), r in (transfer if on_transfer else disagreement).items() if task == row["task"]}
+    where = "the transfer set" if on_transfer else "the students' images"
+    ctx = ", ".join(f"{t} teacher disagrees with the labels on {r:.1%} of {where}" for t, r in sorted(rates.items()))
+    if len(rates) > 1:  # teachers are not accuracy-matched: the mismatch stands beside the comparison
+        ctx += f"; teacher accuracy mismatch there {max(rates.values()) - min(rates.values()):.1%}"
+    return ctx
 
 
 def counts(ledger: pd.DataFrame) -> dict[str, int]:

@@ -90,7 +90,8 @@ def ledger_view(ledger: pd.DataFrame) -> pd.DataFrame:
                f"{r['items']} items)"
 
     def verdict(r) -> str:
-        return f"underpowered: needs {r.needs_seeds} seeds" if r.verdict == "underpowered" else r.verdict
+        said = f"underpowered: needs {r.needs_seeds} seeds" if r.verdict == "underpowered" else r.verdict
+        return f"{said} (look 2)" if getattr(r, "look", 1) == 2 else said
 
     return pd.DataFrame({"id": ledger["id"], "task": ledger["task"],
                          "prediction": [what(r) for _, r in ledger.iterrows()],

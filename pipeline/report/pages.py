@@ -17,7 +17,7 @@ import pandas as pd
 from pipeline import io, repository
 from pipeline.archs import ARCHS
 from pipeline.report import aggregate as agg
-from pipeline.report import cells, collisions, learnability, ledger, markdown, natural, sources
+from pipeline.report import cells, collisions, learnability, ledger, markdown, natural, seeds, sources
 from pipeline.report import figures as fig
 
 CELL_NOTE = ("Per cell: the mean over seeds of each seed's accuracy on the shared test items, with a {level:.0%} "
@@ -31,10 +31,19 @@ LEDGER_NOTE = ("Rows and their margins are fixed in pipeline/report/contrasts.cs
                "(Wilson on its test items, or the analytic bound where larger); `exact`: judged exactly. A paired "
                "row is decided only when both arms learned the task in distribution and they are not both at the "
                "ceiling or at chance on the compared slice; otherwise it is `uninformative`, with the reason. "
-               "Every decision (directional t, TOST equivalence within the row's margin, the floor test) is one "
-               "Holm family at alpha {alpha:.2f}. Verdicts: held / failed / equivalent / uninformative / "
+               "Every decision (directional t, TOST equivalence within the row's margin, the floor test) of a "
+               "look is one Holm family at alpha {alpha:.3g} ({looks}). Verdicts: held / failed / equivalent / "
+               "uninformative / "
                "underpowered (with the seeds 80% power needs at the row's Holm level); default margin "
                "{margin}. docs/design.md §4 states the rules.")
+
+LOOKS = ("two looks, each at half of 1 - report.confidence: look 1 judges every row on train.seeds, look 2 the "
+         "rows the plan stage continued, on the seeds it gave them (column `look`)")
+SEEDS_NOTE = ("The plan stage reads the first look's ledger ({first} seeds per cell) and continues each paired row "
+              "that is informative but underpowered when its power calculation asks for at most plan.max_seeds "
+              "({cap}) seeds; train_more trains its two cells at the new seeds and look 2 judges it on them "
+              "(docs/design.md §4, Sequential seeds). `look1`: the first look's verdict; `seeds`: the seeds the row "
+              "is judged on; `why`: the rule that applied.")
 
 COLLISION_NOTE = ("Per task and seed (main grid, first test items by pool index): every patch of each image gets a "
                   "random pattern from the trained vit's patch-projection null space (unit RMS per normalised "
@@ -59,11 +68,14 @@ class Inputs:
     interface: dict
     curve_runs: pd.DataFrame
     collisions: pd.DataFrame
+    seed_plan: dict | None = None  # the plan stage's second look (data/plan/plan.json)
 
 
 def load(params, records: list[dict], tasks_dir: Path | None, slices_dir: Path | None,
-         shortcuts_dir: Path | None, teachers_dir: Path | None, interface: dict) -> Inputs:
-    """Frames, per-item correctness of every run, floors and teacher disagreement."""
+         shortcuts_dir: Path | None, teachers_dir: Path | None, interface: dict, seed_plan: dict | None = None,
+         collisions: bool = True) -> Inputs:
+    """Frames, per-item correctness of every run, floors and teacher disagreement (``collisions``: also the
+    null-space check on trained weights, which only the report prints)."""
     runs = agg.runs_frame(records)
     task_names = sorted(set(runs.task))
     pools = {t: p for t in task_names if (p := sources.read_pool(tasks_dir, slices_dir, t)) is not None}
@@ -75,7 +87,7 @@ def load(params, records: list[dict], tasks_dir: Path | None, slices_dir: Path |
                   sources.teacher_disagreement(teachers_dir),
                   sources.teacher_disagreement(teachers_dir, "transfer_disagree"), interface,
                   runs[runs.source == "curve"],
-                  trained_collisions(params, runs, pools, tasks_dir))
+                  trained_collisions(params, runs, pools, tasks_dir) if collisions else pd.DataFrame(), seed_plan)
 
 
 def trained_collisions(params, runs: pd.DataFrame, pools: dict, tasks_dir: Path | None,
@@ -129,7 +141,8 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
     size_tab = pd.concat([cells.size_cells(cell_tab, config),  # a size grid inside data/runs, and data/curve
                           cells.cell_table(inp.curve_runs.assign(source="runs"), inp.items, rp, seed)])
     slice_tab = cells.slice_table(runs, inp.items, config, rp, seed)
-    led = ledger.judge(inp.params, runs, inp.items, inp.floors, inp.disagreement, seed, inp.collisions)
+    led = ledger.judge(inp.params, runs, inp.items, inp.floors, inp.disagreement, seed, inp.collisions,
+                       inp.seed_plan, inp.transfer_disagreement)
     learn = learnability_table(inp, config)
     # the distillation rows' arms (students, deit_labels, vit) in the main grid, beside the teachers
     arms = sorted({c[arm] for c in ledger.CONTRASTS if c["id"].startswith("distill.") for arm in ("a", "b")})
@@ -150,7 +163,12 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
         "per-slice accuracy": _table(out, "slices", "Test accuracy per evaluation slice (main grid)",
                                      f"{note}\n\n{floors}", slice_tab),
         "prediction ledger": _table(out, "ledger", "Prediction ledger", LEDGER_NOTE.format(
-            alpha=1 - rp.confidence, margin=rp.equivalence_margin) + f"\n\n{floors}", led, markdown.ledger_view(led)),
+            alpha=seeds.look_alpha(inp.params), looks=LOOKS if seeds.enabled(inp.params) else "one look",
+            margin=rp.equivalence_margin) + f"\n\n{floors}", led, markdown.ledger_view(led)),
+        "seeds per row (sequential seeds)": _table(
+            out, "seeds", "Seeds per ledger row: the first look, and the rows the plan continued",
+            SEEDS_NOTE.format(first=len(inp.params.train.seeds), cap=inp.params.plan.max_seeds),
+            seeds.seeds_table(inp.seed_plan), empty="no plan (the plan stage did not run)"),
         "learnability (in distribution, steps to criterion, out of distribution)": _table(
             out, "learnability", "Learnability: who learned each task, how fast, and how it generalised",
             learn_note(inp, config), learn, learnability.learnability_view(learn)),

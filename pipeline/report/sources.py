@@ -152,6 +152,23 @@ def teacher_disagreement(teachers_dir: Path | None, word: str = "disagree") -> d
     return out
 
 
+def configured(m: dict, params) -> bool:
+    """Is this run part of the grid params.yaml configures now? (Run folders persist across DVC reruns, so a
+    task or architecture removed from the params would otherwise linger in the report.)"""
+    from pipeline.report.ledger import configured_cells
+
+    if m["source"] == "teachers":
+        return m["arch"] in dict(params.distill.teachers) and m["task"] in params.distill.teacher_tasks(m["arch"])
+    return m["arch"] in configured_cells(params)  # the train stage prunes runs its grid no longer has
+
+
+def read_records(params, runs: Path | None, teachers: Path | None, more: Path | None = None) -> list[dict]:
+    """Every configured run's metrics.json: the train stage's and the second look's (both source ``runs``:
+    the same cells, more seeds), and the teachers'."""
+    found = read_metrics(runs, "runs") + read_metrics(more, "runs") + read_metrics(teachers, "teachers")
+    return [m for m in found if configured(m, params)]
+
+
 def read_json(path: Path | None, shape: Shape) -> dict | None:
     """A JSON mapping of ``shape``, or None when the file is absent (that part of the study was not run)."""
     if path is None or not path.exists():

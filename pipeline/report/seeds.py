@@ -1,0 +1,77 @@
+"""Sequential seeds: the second look's plan, a function of the first look's ledger (docs/design.md §4).
+
+Look 1 judges every ledger row on ``train.seeds``. A paired row outside the budget axis that is informative
+(its gate passed) but underpowered, and whose power calculation asks for at most ``plan.max_seeds`` seeds,
+continues: both of its cells get seeds up to that count (new seed numbers after the first look's, never
+``tune.seed``; the ``train_more`` stage trains them), and look 2 judges it on them. The plan reads nothing but
+the first look's results, so ``dvc repro`` stays deterministic. Each look is one Holm family at alpha / 2: the
+family-wise error over both looks stays at most alpha (a union bound over the two families).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+
+def enabled(params) -> bool:
+    """A second look exists when ``plan.max_seeds`` exceeds the first look's seed count."""
+    return params.plan.max_seeds > len(params.train.seeds)
+
+
+def look_alpha(params) -> float:
+    """The level of each look's Holm family: half of ``1 - report.confidence`` with a second look, else all."""
+    alpha = 1 - params.report.confidence
+    return alpha / 2 if enabled(params) else alpha
+
+
+def extra_seeds(params, n: int) -> list[int]:
+    """The first ``n`` seed numbers after the first look's (``tune.seed`` skipped: no trial shares a seed)."""
+    out, s = [], max(params.train.seeds) + 1
+    while len(out) < n:
+        if s != params.tune.seed:
+            out.append(s)
+        s += 1
+    return out
+
+
+def make_plan(ledger: pd.DataFrame, params) -> dict:
+    """``plan.json``: per eligible row, its first-look verdict, the seeds it needs, whether it continues and why;
+    per cell (task, arch), the extra seeds ``train_more`` trains (the most any of its continued rows needs)."""
+    first = sorted(params.train.seeds)
+    cap = params.plan.max_seeds
+    rows, cells = [], {}
+    for r in ledger.to_dict("records"):
+        if r["kind"] != "paired" or r["finding"] == "budget":
+            continue
+        needed = None if pd.isna(r.get("seeds_needed")) else int(r["seeds_needed"])
+        entry = {"id": r["id"], "task": r["task"], "a": r["a"], "b": r["b"], "look1": r["verdict"],
+                 "seeds_needed": needed, "continued": False, "seeds": first}
+        if r["verdict"] != "underpowered":
+            entry["why"] = (f"uninformative at look 1: {r['reason']}" if r["verdict"] == "uninformative"
+                            else f"{r['verdict']} at look 1" if r["verdict"] != "not run" else "not run")
+        elif not enabled(params):
+            entry["why"] = f"no second look (plan.max_seeds {cap} <= {len(first)} first-look seeds)"
+        elif needed is None:
+            entry["why"] = f"needs more than report.max_seeds ({params.report.max_seeds}) seeds"
+        elif needed > cap:
+            entry["why"] = f"needs {needed} seeds, more than plan.max_seeds {cap}"
+        else:
+            total = max(needed, int(r["seeds"]) + 1)  # at least one more seed than it had
+            seeds = first + extra_seeds(params, total - len(first))
+            entry.update(continued=True, seeds=seeds, why=f"continued: needs {needed} seeds for power "
+                         f"{params.report.power:g} at its look-1 Holm level")
+            for arch in (r["a"], r["b"]):
+                have = cells.setdefault((r["task"], arch), [])
+                cells[(r["task"], arch)] = sorted(set(have) | set(seeds) - set(first))
+        rows.append(entry)
+    return {"enabled": enabled(params), "alpha_per_look": look_alpha(params), "first_seeds": first,
+            "max_seeds": cap, "rows": rows,
+            "cells": [{"task": t, "arch": a, "seeds": s} for (t, a), s in sorted(cells.items())]}
+
+
+def seeds_table(seed_plan: dict | None) -> pd.DataFrame:
+    """The plan as the report shows it: per row, its look-1 verdict, the seeds needed and given, and why."""
+    cols = ["id", "look1", "seeds_needed", "continued", "seeds", "why"]
+    rows = [{**{k: r[k] for k in cols if k != "seeds"}, "seeds": len(r["seeds"])}
+            for r in (seed_plan or {}).get("rows", [])]
+    return pd.DataFrame(rows, columns=cols)

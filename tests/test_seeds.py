@@ -1,0 +1,102 @@
+"""Sequential seeds: the plan from the first look's ledger, the second look's Holm family, train_more's runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from test_inference import N, _tiny
+
+from pipeline.archs import ARCHS
+from pipeline.config import parse_params
+from pipeline.errors import StageError
+from pipeline.grid import Folders
+from pipeline.report import ledger, seeds
+from pipeline.stages.train_more import plan_specs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def params_with(archs: dict[str, list[str]], seeds_=(0, 1, 2, 3, 4), max_seeds: int = 10, tune_seed: int = 100):
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["train"]["archs"] = {a: {"models": ARCHS[a].section, "tasks": t} for a, t in archs.items()}
+    raw["train"]["grids"], raw["train"]["seeds"] = {}, list(seeds_)
+    raw["distill"]["students"], raw["distill"]["teachers"] = {}, {}
+    raw["report"]["bootstrap_samples"] = 200
+    raw["plan"]["max_seeds"], raw["tune"]["seed"] = max_seeds, tune_seed
+    return parse_params(raw)
+
+
+def row(id_, verdict, needed=None, seeds_=5, **kw):
+    return {"id": id_, "kind": "paired", "finding": id_.split(".")[0], "task": "alignment", "a": "resnet_s1",
+            "b": "resnet", "verdict": verdict, "seeds_needed": pd.NA if needed is None else needed, "seeds": seeds_,
+            "reason": kw.get("reason", "")}
+
+
+def test_the_plan_continues_informative_underpowered_rows_within_the_cap():
+    params = params_with({"resnet": ["alignment"], "resnet_s1": ["alignment"], "vit": ["alignment"]}, tune_seed=6)
+    led = pd.DataFrame([
+        row("alignment.stride.alignment", "underpowered", 8),
+        {**row("alignment.resnet_vs_vit.alignment", "underpowered", 30), "a": "resnet", "b": "vit"},
+        row("alignment.antialias.alignment", "held"),
+        row("alignment.overlap.alignment", "uninformative", reason="vit_overlap did not learn"),
+        row("alignment.convstem.alignment", "underpowered", None),
+        {**row("budget.vit.alignment.steps4000", "underpowered", 6), "finding": "budget"},
+        {**row("floor.nomix.alignment", "underpowered", 6), "kind": "floor"}])
+    plan = seeds.make_plan(led, params)
+    by_id = {r["id"]: r for r in plan["rows"]}
+    assert set(by_id) == {r for r in led.id if not r.startswith(("budget", "floor"))}  # paired, not budget
+    go = by_id["alignment.stride.alignment"]
+    assert go["continued"] and go["seeds"] == [0, 1, 2, 3, 4, 5, 7, 8]  # 8 seeds, tune.seed 6 skipped
+    assert plan["cells"] == [{"task": "alignment", "arch": a, "seeds": [5, 7, 8]} for a in ("resnet", "resnet_s1")]
+    assert "more than plan.max_seeds 10" in by_id["alignment.resnet_vs_vit.alignment"]["why"]
+    assert "report.max_seeds" in by_id["alignment.convstem.alignment"]["why"]
+    assert by_id["alignment.overlap.alignment"]["why"].startswith("uninformative at look 1: vit_overlap")
+    assert not any(r["continued"] for r in plan["rows"] if r["id"] != "alignment.stride.alignment")
+    assert plan["alpha_per_look"] == pytest.approx(0.025)
+    off = seeds.make_plan(led, params_with({"resnet": ["alignment"]}, max_seeds=5))
+    assert not off["enabled"] and off["cells"] == [] and off["alpha_per_look"] == pytest.approx(0.05)
+    # a row underpowered although it asks for no more seeds than it has still gets one more
+    assert seeds.make_plan(pd.DataFrame([row("x.y.alignment", "underpowered", 3)]), params)["rows"][0][
+        "seeds"] == [0, 1, 2, 3, 4, 5]
+
+
+def test_the_second_look_judges_the_continued_row_on_its_seeds_in_its_own_family():
+    """At 5 seeds the row is underpowered at alpha/2; the plan gives it 10; look 2 decides it on those 10 (its own
+    Holm family at alpha/2) and replaces its look-1 line; the other rows keep look 1."""
+    ood = np.arange(0, N, 4)
+    subsets = {"slice/ood": ood, "slice/id": np.setdiff1d(np.arange(N), ood)}
+    runs, items = _tiny("alignment", {"resnet_s1": 0.9, "resnet": 0.87}, subsets, seeds=10)
+    params = params_with({"resnet": ["alignment"], "resnet_s1": ["alignment"]})
+    floors = {"alignment": {"chance": 0.5, "floor": 0.55, "floor_baseline": "b", "baselines": {"b": {"acc": 0.55,
+                                                                                                    "n": N}}}}
+    first = ledger.judge(params, runs, items, floors, {}, 0).set_index("id")
+    one = first.loc["alignment.stride.alignment"]
+    assert one.seeds == 5 and one.look == 1
+    plan = {"rows": [{"id": "alignment.stride.alignment", "continued": True, "seeds": list(range(10))}]}
+    both = ledger.judge(params, runs, items, floors, {}, 0, seed_plan=plan).set_index("id")
+    two = both.loc["alignment.stride.alignment"]
+    assert two.seeds == 10 and two.look == 2
+    assert both.drop(index="alignment.stride.alignment").look.eq(1).all()
+    # a look of its own: the same row judged alone at alpha / 2 gives the same Holm p
+    alone = pd.DataFrame([{**two.to_dict(), "id": two.name}]).reindex(columns=ledger.COLUMNS).assign(reason="")
+    assert ledger.decide(alone, params.report, 0.025).p_holm.iloc[0] == pytest.approx(two.p_holm)
+    # the data: +0.03 on 100 unseen items per seed; 5 seeds miss alpha/2 after Holm, 10 decide it
+    assert (one.verdict, two.verdict) == ("underpowered", "held") and 0.025 < one.p_holm < 0.05
+
+
+def test_train_more_trains_the_plans_cells_at_their_new_seeds_only(tmp_path):
+    params = params_with({"resnet": ["alignment"], "vit": ["alignment"]})
+    at = Folders(tmp_path / "tasks", tmp_path / "slices", tmp_path / "more", tmp_path / "ckpt", tmp_path / "t")
+    plan = {"cells": [{"task": "alignment", "arch": "vit", "seeds": [5, 6]}]}
+    specs = plan_specs(plan, params, at, {("vit", "alignment"): 5e-4})
+    assert [(s.kind, s.key.seed, s.key.train_size, s.key.steps, s.lr) for s in specs] == [
+        ("train", 5, 4000, params.train.recipe.steps, 5e-4), ("train", 6, 4000, params.train.recipe.steps, 5e-4)]
+    assert specs[0].out_dir == tmp_path / "more" / "vit" / specs[0].key.folder
+    for stale in ({"task": "alignment", "arch": "swin", "seeds": [5]}, {"task": "alignment", "arch": "vit",
+                                                                          "seeds": [4, 5]}):
+        with pytest.raises(StageError, match="rerun the plan stage"):
+            plan_specs({"cells": [stale]}, params, at, {})
