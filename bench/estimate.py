@@ -10,9 +10,10 @@ used under the criterion. A cell the study lacks takes its architecture's mean, 
 scaled by this machine's ViT step time over the study machine's (``--vit-ms``, else measured here: 300 steps of
 ``bench phases``). Training stages: the runs' worker-seconds over the workers, times the study's own ratio of
 training worker time to run time (process start, the pool, idle workers at the end); the other stages: the
-study's times, scaled. Prints one row per stage, the expected total and an upper bound with every run at its cap.
-It is an estimate from another profile's runs: a profile whose cells learn faster or slower than the study's
-moves it.
+study's times, scaled (the second look, ``train_more``, at the study's own time: how many rows it continues is
+decided by the first look's results). Prints one row per stage, the expected total and an upper bound with every
+run at its cap. It is an estimate from another profile's runs: a profile whose cells learn faster or slower than
+the study's moves it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import pandas as pd
 from pipeline.config import load_params
 from pipeline.errors import ConfigError
 from pipeline.grid import Folders, teacher_specs, train_specs, tune_specs
+from pipeline.report import seeds
 
 MEASURE_STEPS = 300
 
@@ -64,9 +66,10 @@ def estimate(params, timing: dict, factor: float) -> pd.DataFrame:
                                       cap_s=("cap_s", "sum"))
     table[["expected_s", "cap_s"]] *= factor * overhead / workers
     names = set(params.tasks.names)
+    # the second look (train_more) is data-dependent: priced at the study's own, and left out without one
+    skip = {"total", "tune", "train", "teacher"} | (set() if seeds.enabled(params) else {"train_more"})
     fixed = {stage: s * factor for stage, s in timing.items() if isinstance(s, int | float)
-             and stage not in ("total", "tune", "train", "teacher")
-             and ("@" not in stage or stage.split("@")[1] in names)}
+             and stage not in skip and ("@" not in stage or stage.split("@")[1] in names)}
     other = pd.DataFrame({"runs": 0, "expected_s": pd.Series(fixed), "cap_s": pd.Series(fixed)})
     return pd.concat([other, table])
 

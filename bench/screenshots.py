@@ -40,9 +40,10 @@ from pathlib import Path
 import yaml
 
 from bench.browser import Browser
+from pipeline.tracking import HEADLINE_COLUMNS
 
-# Columns to show in the runs table, first those present in the store (the run names say task/arch/size/seed).
-HEADLINE = ["test/acc", "test/slice/id", "test/slice/ood", "budget/train_flops", "budget/total_flops_with_teacher"]
+# Columns to show in the runs table where the store keeps no shared view: the pipeline's own headline columns.
+HEADLINE = HEADLINE_COLUMNS
 WORKFLOW_KEY = "mlflow.workflowType_v1"  # what the sidebar's "GenAI / Model training" toggle writes
 SHARED_VIEW = "headline"  # runs-table view stored as experiment tag mlflow.sharedViewState.<key> (pipeline.tracking)
 ASSISTANT_KEYS = {"mlflow.assistant.panelOpen_v1": "false", "mlflow.assistant.fab.autoOpenedOnFirstLoad_v1": "true"}

@@ -404,6 +404,10 @@ def _headline(metrics: dict) -> dict:
     if metrics.get("criterion_step") is not None:  # steps to criterion: the learnability table's number
         out["criterion_step"] = metrics["criterion_step"]
     out.update({k: v["acc"] for k, v in metrics["slices"].items() if k != "test"})  # "slice/<factor>=<v>"
+    # columns every run has: in distribution is slice/id where the task holds values out, else the whole test set
+    out["acc/id"] = metrics["slices"].get("slice/id", metrics["slices"]["test"])["acc"]
+    if "slice/ood" in metrics["slices"]:
+        out["acc/ood"] = metrics["slices"]["slice/ood"]["acc"]
     out.update({f"budget/{k}": v for k, v in b.items() if isinstance(v, (int, float))})
     m = metrics["measured"]
     out.update({f"measured/{k}": float(v) for k, v in m.items() if isinstance(v, (int, float))})

@@ -46,7 +46,7 @@ EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 WORKFLOW_QUERY = "workflowType=machine_learning"
 # The runs table's saved view: a fresh browser opening #/experiments/<id>/runs?viewStateShareKey=headline sees
 # these metric columns (MLflow 3 keeps the column choice per browser otherwise; checked in headless Chromium).
-HEADLINE_COLUMNS = ["test_acc", "slice/id", "slice/ood", "val_acc", "params", "train_flops"]
+HEADLINE_COLUMNS = ["test_acc", "acc/id", "acc/ood", "val_acc", "params", "train_flops"]
 
 
 def runs_url(base: str, experiment_id: str) -> str:

@@ -72,7 +72,8 @@ def _outside(doc: dict, grid: set[str], distill: set[str]) -> tuple[dict, dict, 
     """What a profile must share with params.yaml: everything but the grid keys of train and distill, and
     its MLflow experiments' prefix (its own, so `bias profile` keeps its runs apart: checked below)."""
     tracking = {k: v for k, v in doc["tracking"].items() if k != "experiment_prefix"}
-    return ({k: v for k, v in doc.items() if k not in ("train", "distill", "tracking")} | {"tracking": tracking},
+    # plan.max_seeds sizes the second look to the profile's seeds (the quick one has none)
+    return ({k: v for k, v in doc.items() if k not in ("train", "distill", "tracking", "plan")} | {"tracking": tracking},
             {k: v for k, v in doc["train"].items() if k not in grid},
             {k: v for k, v in doc["distill"].items() if k not in distill})
 
@@ -103,6 +104,7 @@ def test_quick_profile_is_the_default_with_fewer_cells():
     grid, distill = {"seeds", "archs", "grids"}, {"tasks"}
     assert _outside(quick, grid, distill) == _outside(base, grid, distill)
     assert set(quick["train"]["seeds"]) < set(base["train"]["seeds"]) and not quick["train"]["grids"]
+    assert quick["plan"]["max_seeds"] <= len(quick["train"]["seeds"]) < base["plan"]["max_seeds"]  # one look
     assert quick["tracking"]["experiment_prefix"] == "bias-quick"
     assert set(quick["distill"]["tasks"]) <= set(base["distill"]["tasks"])
     archs, base_archs = quick["train"]["archs"], base["train"]["archs"]
