@@ -437,6 +437,9 @@ class ScaleParams(SyntheticParams):
     min_size: Annotated[int, Field(ge=2)]  # px, over all (eval) rows
     max_size: PosInt
     train_sizes: Range  # fit rows draw sizes here; eval rows from min_size..max_size
+    # transfer rows: unseen sizes only, never trained on with their labels (distill.students with transfer: true
+    # learn them from a teacher's targets); 0: none
+    transfer_n: NonNegInt = 0
 
     @model_validator(mode="after")
     def _sizes(self) -> ScaleParams:
@@ -447,6 +450,8 @@ class ScaleParams(SyntheticParams):
             raise ValueError(f"max_size: {self.max_size} is below min_size {self.min_size}")
         if problem := coinciding_shapes(list(self.shapes), self.min_size, self.max_size):
             raise ValueError(f"min_size: {problem}")
+        if self.transfer_n and self.train_sizes == [self.min_size, self.max_size]:
+            raise ValueError("transfer_n: every size is a training size, so there is no unseen size to draw from")
         return self
 
 
@@ -613,7 +618,7 @@ class Params(Section):
                        if e.transfer and not getattr(getattr(self.tasks, x), "transfer_n", 0)]
             if lacking:
                 raise ValueError(f"distill.students.{s}.transfer: {lacking} have no transfer set "
-                                 f"(tasks.<task>.transfer_n: only alignment has one, and it must be > 0)")
+                                 f"(tasks.<task>.transfer_n: alignment and scale have one, when it is > 0)")
         wanted = [("train.size", [t.size]), ("distill.teacher_size", [self.distill.teacher_size])]
         wanted += [(f"train.grids.{g}.sizes", x.sizes or []) for g, x in t.grids.items()]
         for key, want in wanted:

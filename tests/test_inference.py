@@ -313,6 +313,7 @@ def test_an_agreement_row_scores_the_students_against_their_teacher():
                                   for a, extra in (("deit_vit_transfer", {}),
                                                    ("deit_vit_relabel", {"targets": "relabel"}))}
     raw["report"]["bootstrap_samples"] = 200
+    raw["tasks"]["alignment"]["transfer_n"] = 100  # the students' transfer set (here only its name matters)
     led = ledger.judge(parse_params(raw), pd.DataFrame(rows), items, {}, {}, 0)
     row = led.set_index("id").loc["distill.inherit.alignment"]
     assert row["items"] == len(ood) // 2 and row.acc_a == 1.0 and 0.3 < row.acc_b < 0.7

@@ -74,6 +74,18 @@ def test_tasks_draw_independent_streams():
     assert make("alignment").labels.tobytes() != make("scale").labels.tobytes()
 
 
+def test_scale_transfer_rows_are_unseen_sizes_and_leave_the_pool_alone():
+    pool, both = make("scale"), make("scale", transfer_n=120)
+    assert both.images[:400].tobytes() == pool.images[:400].tobytes()  # appended from their own stream
+    rows = both.factors.iloc[400:]
+    lo, hi = REPO.tasks.scale.train_sizes
+    assert set(rows["role"]) == {"transfer"} and not rows["id"].any() and len(rows) == 120
+    assert set(rows["size"]) == {s for s in range(REPO.tasks.scale.min_size, REPO.tasks.scale.max_size + 1)
+                                 if not lo <= s <= hi}
+    _, _, ymax, xmax = bbox((both.images[400:] != background(both.images[400:])[:, None, None, :]).any(-1))
+    assert (np.maximum(ymax - rows["y"].to_numpy(), xmax - rows["x"].to_numpy()) < rows["size"].to_numpy()).all()
+
+
 # --------------------------------------------------------------------------- alignment
 def test_alignment_transfer_rows_are_unseen_offsets_and_leave_the_pool_alone():
     pool, both = make("alignment"), make("alignment", transfer_n=120)

@@ -2,7 +2,8 @@
 
 Shapes are exact integer masks (:mod:`pipeline.shapes`), so every machine draws the same pixels. ``fit`` rows
 draw sizes from ``train_sizes``; ``eval`` rows from ``min_size..max_size`` (``id`` = size inside the training
-range), so unseen sizes are tested.
+range), so unseen sizes are tested. ``transfer_n`` rows more, from their own random stream, have unseen sizes
+only: the distillation transfer set (docs/design.md §4).
 
 Factors: size (px), size_rel (size / P), size_bin (``sub``: s < P, ``patch``: P <= s < 2P, ``multi``:
 s >= 2P), x/y (top-left), straddles (the box crosses a patch boundary in x or y), rotation (degrees; with
@@ -24,12 +25,31 @@ SLICE_FACTORS = ["size", "size_bin", "straddles"]
 
 def generate(n: int, seed: int, geometry: Geometry, cfg: ScaleParams) -> TaskData:
     rng = common.task_rng(seed, "scale")
-    p, h, k = geometry.patch_size, geometry.image_size, len(cfg.shapes)
+    k = len(cfg.shapes)
     n_eval, n_fit = common.split_counts(n, cfg.eval_fraction)
     labels = np.concatenate([common.balanced_labels(rng, n_eval, k), common.balanced_labels(rng, n_fit, k)])
     lo, hi = cfg.train_sizes
     size = np.concatenate([rng.integers(cfg.min_size, cfg.max_size + 1, n_eval),
                            rng.integers(lo, hi + 1, n_fit)])
+    pool = _draw(rng, labels, size, common.roles(n_eval, n_fit), geometry, cfg)
+    if not cfg.transfer_n:
+        return pool
+    # The transfer rows come from their own stream, after the pool: adding them leaves every pool image as it was.
+    t_rng = common.task_rng(seed, "scale/transfer")
+    unseen = np.array([s for s in range(cfg.min_size, cfg.max_size + 1) if not lo <= s <= hi])
+    t_labels = common.balanced_labels(t_rng, cfg.transfer_n, k)
+    t_size = unseen[t_rng.integers(0, len(unseen), cfg.transfer_n)]
+    transfer = _draw(t_rng, t_labels, t_size, np.array([common.ROLE_TRANSFER] * cfg.transfer_n, dtype=object),
+                     geometry, cfg)
+    return TaskData(np.concatenate([pool.images, transfer.images]), np.concatenate([pool.labels, transfer.labels]),
+                    pd.concat([pool.factors, transfer.factors], ignore_index=True), pool.class_names)
+
+
+def _draw(rng: np.random.Generator, labels: np.ndarray, size: np.ndarray, role: np.ndarray, geometry: Geometry,
+          cfg: ScaleParams) -> TaskData:
+    """Images of ``labels``' shapes at ``size`` px in random places (and quarter turns), colours, clutter, noise."""
+    n, p, h = len(labels), geometry.patch_size, geometry.image_size
+    lo, hi = cfg.train_sizes
     y0 = rng.integers(0, h - size + 1)
     x0 = rng.integers(0, h - size + 1)
     turns = rng.integers(0, 4, n) if cfg.rotate else np.zeros(n, dtype=np.int64)
@@ -59,6 +79,6 @@ def generate(n: int, seed: int, geometry: Geometry, cfg: ScaleParams) -> TaskDat
         "straddles": straddles,
         "rotation": 90 * turns,  # degrees, counter-clockwise
         "id": (size >= lo) & (size <= hi),
-        "role": common.roles(n_eval, n_fit),
+        "role": role,
     })
     return TaskData(images, labels, factors, list(cfg.shapes))
