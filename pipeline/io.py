@@ -3,6 +3,7 @@ file, and equal content gives equal bytes."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -50,8 +51,13 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 @contextmanager
 def atomic_dir(path: str | Path) -> Iterator[Path]:
-    """Yield an empty temporary folder beside ``path``; it replaces ``path`` only if the block succeeds."""
+    """Yield an empty temporary folder beside ``path``; it replaces ``path`` only if the block succeeds.
+
+    A file (not a folder) at ``path`` is refused before anything is written: it is the user's, not an earlier
+    output of this stage, and replacing it would lose it."""
     path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise FileExistsError(errno.EEXIST, "a file stands where the output folder goes", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     os.chmod(tmp, 0o755)  # noqa: S103  mkdtemp makes it private; the final folder should read like any other

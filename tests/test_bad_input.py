@@ -525,6 +525,8 @@ CASES = [
     Case("grid-of-no-arch", "train", edit("train.grids", {"g": {"archs": []}}), ("train.grids.g.archs",)),
     Case("report-path-is-a-file", "budget", write("rep", b"a file"), ("rep", "a file stands where a folder"),
          (("report", "rep/"),)),
+    Case("data-out-is-a-file", "generate", write("mine", b"a user's file"), ("mine", "a file stands where a folder"),
+         (("out", "mine/"),)),  # refused before writing: the file is kept (the snapshot check)
     Case("mlflow-lock-uncreatable", "teacher", lambda ws: None, ("cannot create the lock",),
          env=(("MLFLOW_TRACKING_URI", "sqlite:////proc/mlflow.db"),)),
 ]
