@@ -178,12 +178,16 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
         "distillation attribution": _table(
             out, "distillation", "Distillation: accuracy and agreement with each teacher", "Main grid (one "
             "training configuration) and the teachers. `teacher_disagrees`: the student's teacher against the "
-            "true labels on the students' training images (from its provenance). `acc_id`, `acc_ood`: accuracy "
+            "true labels on the students' training images (from its provenance), `teacher_disagrees_transfer` "
+            "on the task's transfer set (unseen factor values, which a transfer student learns only from its "
+            "teacher, or from random relabels at that rate). `acc_id`, `acc_ood`: accuracy "
             "in and out of distribution, seed mean with its seed-level t interval (`_lo`, `_hi`; none for a "
             "one-seed teacher). `agree_<teacher>`: share of test items predicted like that teacher (seed mean); "
             "`agree_ood_<teacher>`: the same on the out-of-distribution slice; `agree_wrong_<teacher>`: on the "
             "items that teacher gets wrong, where only an inherited bias makes a student agree (a label-trained "
-            "model agrees there by chance or by a shared error). Paired contrasts with CIs: the ledger.",
+            "model agrees there by chance or by a shared error), `agree_ood_wrong_<teacher>` on the unseen items it "
+            "gets wrong. Seed-level intervals of every agreement: the distillation agreement table; paired "
+            "contrasts with CIs: the ledger.",
             agg.distillation_table(distilled, agree, distill_acc, inp.disagreement, inp.transfer_disagreement),
             empty="not run (distillation disabled)"),
         "distillation agreement (seed-level intervals)": _table(
