@@ -318,3 +318,14 @@ def test_an_agreement_row_scores_the_students_against_their_teacher():
     row = led.set_index("id").loc["distill.inherit.alignment"]
     assert row["items"] == len(ood) // 2 and row.acc_a == 1.0 and 0.3 < row.acc_b < 0.7
     assert row.in_a > 0.95 and row.verdict == "held" and row.reason == ""
+
+
+def test_the_chance_rule_reads_accuracy_not_agreement():
+    """Both arms agreeing with a wrong teacher at or below a random guess's rate is two students mostly right where
+    the teacher is wrong: a measurement, not two arms that learned nothing (the rule that gates accuracy rows)."""
+    row = {"kind": "paired", "finding": "distillation", "a": "x", "b": "y", "subset": "agree/ood_teacher_wrong",
+           "expect": "+"}
+    m = {"seeds": 5, "in_a": 0.96, "in_b": 0.96, "learn_at": 0.9, "acc_a": 0.505, "acc_b": 0.394, "chance": 0.5}
+    assert ledger.gate(row, m, 0.01) == ""
+    assert ledger.gate({**row, "subset": "slice/ood"}, m, 0.01).startswith("both at chance on slice/ood")
+    assert ledger.gate(row, {**m, "acc_a": 1.0, "acc_b": 0.995}, 0.01).startswith("both at ceiling")

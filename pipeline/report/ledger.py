@@ -259,7 +259,8 @@ def gate(row: dict, m: dict, tol: float) -> str:
     - compared in distribution, where learning is the question: a "+" row needs at least one arm that learned
       (the one that learned winning or losing is the finding), an "= 0" row needs both (two arms that did not
       learn are not equivalent, only equally stuck);
-    - on the compared slice, never both at the ceiling or both at (or below) chance.
+    - on the compared slice, never both at the ceiling or both at (or below) chance (accuracy only: an agreement
+      row's low agreement with a wrong teacher is a student being right).
 
     Exact rows are not gated, nor floor rows (a floor prediction is about not learning) except one that names a
     ``learned_on`` slice: "at the floor where the arm cannot reach" says something only if the arm learned where
@@ -280,7 +281,9 @@ def gate(row: dict, m: dict, tol: float) -> str:
     a, b = m["acc_a"], m["acc_b"]
     if a >= 1 - tol and b >= 1 - tol:
         reasons.append(f"both at ceiling on {row['subset']}: {a:.3f} and {b:.3f}")
-    elif a <= m["chance"] + tol and b <= m["chance"] + tol:  # a budget pair at chance under both budgets too
+    elif a <= m["chance"] + tol and b <= m["chance"] + tol and not row["subset"].startswith("agree/"):
+        # a budget pair at chance under both budgets too. Not an agreement row: agreeing with a teacher where it is
+        # wrong less often than a random guess means being right there, which is learning, not its absence
         reasons.append(f"both at chance on {row['subset']}: {a:.3f} and {b:.3f} (chance {m['chance']:.3f})")
     return "; ".join(reasons)
 
