@@ -73,7 +73,8 @@ def _outside(doc: dict, grid: set[str], distill: set[str]) -> tuple[dict, dict, 
     its MLflow experiments' prefix (its own, so `bias profile` keeps its runs apart: checked below)."""
     tracking = {k: v for k, v in doc["tracking"].items() if k != "experiment_prefix"}
     # plan.max_seeds sizes the second look to the profile's seeds (the quick one has none)
-    return ({k: v for k, v in doc.items() if k not in ("train", "distill", "tracking", "plan")} | {"tracking": tracking},
+    shared = {k: v for k, v in doc.items() if k not in ("train", "distill", "tracking", "plan")}
+    return (shared | {"tracking": tracking},
             {k: v for k, v in doc["train"].items() if k not in grid},
             {k: v for k, v in doc["distill"].items() if k not in distill})
 

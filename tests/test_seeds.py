@@ -76,11 +76,13 @@ def test_the_second_look_judges_the_continued_row_on_its_seeds_in_its_own_family
     first = ledger.judge(params, runs, items, floors, {}, 0).set_index("id")
     one = first.loc["alignment.stride.alignment"]
     assert one.seeds == 5 and one.look == 1
-    plan = {"rows": [{"id": "alignment.stride.alignment", "continued": True, "seeds": list(range(10))}]}
+    plan = {"rows": [{"id": "alignment.stride.alignment", "continued": True, "seeds": list(range(10))},
+                     {"id": "alignment.antialias.alignment", "continued": False, "seeds": list(range(5))}]}
     both = ledger.judge(params, runs, items, floors, {}, 0, seed_plan=plan).set_index("id")
     two = both.loc["alignment.stride.alignment"]
     assert two.seeds == 10 and two.look == 2
     assert both.drop(index="alignment.stride.alignment").look.eq(1).all()
+    assert list(both.index) == list(first.index)  # the ledger's order is kept
     # a look of its own: the same row judged alone at alpha / 2 gives the same Holm p
     alone = pd.DataFrame([{**two.to_dict(), "id": two.name}]).reindex(columns=ledger.COLUMNS).assign(reason="")
     assert ledger.decide(alone, params.report, 0.025).p_holm.iloc[0] == pytest.approx(two.p_holm)

@@ -507,10 +507,9 @@ def judge(params, runs: pd.DataFrame, items: cells.Items, floors: dict, disagree
     more = {r["id"]: set(r["seeds"]) for r in (seed_plan or {}).get("rows", []) if r["continued"]}
     if more and len(table):
         second = _rows(params, runs, items, floors, disagreement, transfer_rates or {}, seed, more)
-        again = decide(_frame(second), rp, alpha).assign(look=2).set_index("id")
-        table = table.set_index("id")
-        table.loc[again.index, again.columns] = again
-        table = table.reset_index()
+        again = decide(_frame(second), rp, alpha).assign(look=2)
+        order = list(table["id"])  # each continued row's look-2 line in place of its look-1 line
+        table = pd.concat([table[~table["id"].isin(again["id"])], again]).set_index("id").loc[order].reset_index()
     return table
 
 
