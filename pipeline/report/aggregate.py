@@ -13,7 +13,8 @@ import pandas as pd
 from pipeline.report.sources import run_outcome, slice_acc
 
 CI_METHOD = ("Student-t over seeds (per-seed accuracy on the shared test items; paired per seed for contrasts, "
-             "TOST for equivalence, one Holm family); k of n seeds reaching the escape threshold with a "
+             "TOST for equivalence, one Holm family per look: the first on every row, the second on the rows the "
+             "plan stage gave more seeds, each at half the alpha); k of n seeds reaching the escape threshold with a "
              "Clopper-Pearson interval")
 
 # Run-level columns taken from metrics.json (budget counts, measurements) by :func:`runs_frame`.
