@@ -8,7 +8,8 @@ main-budget seeds of both arms of a paired row, of the one arm of a floor row, a
 of a budget row (``budget.<arch>.<task>.<mode><steps>``). Prints the ``train.grids`` entries that would supply
 what is missing (YAML); ``--write`` replaces the profile's ``power_*`` grids with them through DVC's own ``-S``
 writer (comments kept); ``--check`` exits 1 when anything is missing. Rows whose need
-exceeds ``report.max_seeds`` (">200") are listed as out of reach: no profile decides an effect that small.
+exceeds ``report.max_seeds`` (">200") are listed as out of reach: no profile decides an effect that small; rows
+with a distilled student as an arm get no grid (students train on ``train.seeds``; the second look adds seeds).
 """
 
 from __future__ import annotations
@@ -65,12 +66,17 @@ def training_seeds(params, n: int) -> list[int]:
 
 
 def grids(ledger: pd.DataFrame, table: pd.DataFrame, params) -> dict[str, dict]:
-    """``train.grids`` entries that give each row still short of seeds its ``needed`` seeds on every arm."""
+    """``train.grids`` entries that give each row still short of seeds its ``needed`` seeds on every arm. A row
+    with a distilled student among its arms is left out: a grid lists architectures, and a student trains on
+    ``train.seeds`` (the second look, ``plan.max_seeds``, is what gives it more)."""
     out = {}
     short = table[table.missing.fillna(0) > 0]
     for _, p in short.iterrows():
         row = ledger.set_index("id").loc[p["id"]]
-        for arch, steps, mode in arms(pd.Series({**row.to_dict(), "id": p["id"]})):
+        row_arms = arms(pd.Series({**row.to_dict(), "id": p["id"]}))
+        if any(arch in params.distill.students for arch, _, _ in row_arms):
+            continue
+        for arch, steps, mode in row_arms:
             if len(seeds_of(params, arch, row["task"], steps, mode)) >= p["needed"]:
                 continue  # this arm has its seeds already
             name = f"{PREFIX}{arch}_{row['task']}" + (f"_{mode}{steps}" if steps else "")

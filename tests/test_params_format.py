@@ -160,7 +160,10 @@ def test_seed_plan_counts_each_arm_and_writes_what_is_missing(tmp_path):
         {"id": "arrangement.sincos.arrangement", "kind": "paired", "task": "arrangement", "a": "vit_sincos",
          "b": "vit", "verdict": "underpowered", "seeds_needed": None, "needs_seeds": ">200"},
         {"id": "alignment.stride.alignment", "kind": "paired", "task": "alignment", "a": "resnet_s1", "b": "resnet",
-         "verdict": "held", "seeds_needed": None, "needs_seeds": None}])
+         "verdict": "held", "seeds_needed": None, "needs_seeds": None},
+        # a student trains on train.seeds: no grid can give its row seeds (nor its partner, uselessly)
+        {"id": "distill.transfer.scale", "kind": "paired", "task": "scale", "a": "deit_transfer", "b": "deit_labels",
+         "verdict": "underpowered", "seeds_needed": 20, "needs_seeds": "20"}])
     (tmp_path / "ledger.csv").write_text(ledger.to_csv(index=False))
     profile = tmp_path / "params.yaml"
     profile.write_text((ROOT / "params.yaml").read_text())  # 5 seeds per main cell
