@@ -144,14 +144,6 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
     led = ledger.judge(inp.params, runs, inp.items, inp.floors, inp.disagreement, seed, inp.collisions,
                        inp.seed_plan, inp.transfer_disagreement)
     learn = learnability_table(inp, config)
-    # the distillation rows' arms (students, deit_labels, vit) in the main grid, beside the teachers
-    arms = sorted({c[arm] for c in ledger.CONTRASTS if c["id"].startswith("distill.") for arm in ("a", "b")})
-    d = inp.params.distill
-    taught = sorted({t for teacher in d.teachers for t in d.teacher_tasks(teacher)})
-    distilled = pd.concat([runs[runs.source == "teachers"], *(cells.select(runs, t, a, config) for a in arms
-                                                              for t in taught)])
-    agree = sources.agreements(distilled, arms, taught, inp.items)
-    distill_acc = cells.slice_accuracy(distilled, inp.items, ("slice/id", "slice/ood"), rp.confidence)
     floors = markdown.floors_line(inp.floors)
     flags = markdown.floor_flags(inp.floors)
     if flags:
@@ -175,25 +167,7 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
         "budget (counts and measurements)": _table(
             out, "budget", "Budget per run group", "Counts: analytic; wall time, images/s, peak RSS: measured, "
             "seed mean. Teacher compute is charged in full to every student.", agg.budget_table(runs)),
-        "distillation attribution": _table(
-            out, "distillation", "Distillation: accuracy and agreement with each teacher", "Main grid (one "
-            "training configuration) and the teachers. `teacher_disagrees`: the student's teacher against the "
-            "true labels on the students' training images (from its provenance), `teacher_disagrees_transfer` "
-            "on the task's transfer set (unseen factor values, which a transfer student learns only from its "
-            "teacher, or from random relabels at that rate). `acc_id`, `acc_ood`: accuracy "
-            "in and out of distribution, seed mean with its seed-level t interval (`_lo`, `_hi`; none for a "
-            "one-seed teacher). `agree_<teacher>`: share of test items predicted like that teacher (seed mean); "
-            "`agree_ood_<teacher>`: the same on the out-of-distribution slice; `agree_wrong_<teacher>`: on the "
-            "items that teacher gets wrong, where only an inherited bias makes a student agree (a label-trained "
-            "model agrees there by chance or by a shared error), `agree_ood_wrong_<teacher>` on the unseen items it "
-            "gets wrong. Seed-level intervals of every agreement: the distillation agreement table; paired "
-            "contrasts with CIs: the ledger.",
-            agg.distillation_table(distilled, agree, distill_acc, inp.disagreement, inp.transfer_disagreement),
-            empty="not run (distillation disabled)"),
-        "distillation agreement (seed-level intervals)": _table(
-            out, "distillation_agreement", "Distillation: agreement with the teacher, with seed-level intervals",
-            AGREEMENT_NOTE.format(level=rp.confidence), agg.agreement_table(agree, rp.confidence),
-            empty="not run (distillation disabled)"),
+        **distillation_tables(inp, out, config),
         "data-size curve": _table(out, "size_curve", "Test accuracy vs training-set size", f"{note}\n\n{floors}",
                                   size_tab, empty="not run (no data-size curve)"),
         "collisions on trained weights": _table(
@@ -206,6 +180,41 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
     paths.update(natural_tables(inp, out, main, size_tab, floors))
     return paths, {"cells": cell_tab, "main": main, "size": size_tab, "slices": slice_tab, "ledger": led,
                    "learnability": learn}
+
+
+DISTILLATION_NOTE = (
+    "Main grid (one training configuration) and the teachers. `teacher_disagrees`: the student's teacher against "
+    "the true labels on the students' training images (from its provenance), `teacher_disagrees_transfer` on the "
+    "task's transfer set (unseen factor values, which a transfer student learns only from its teacher, or from "
+    "random relabels at that rate). `acc_id`, `acc_ood`: accuracy in and out of distribution, seed mean with its "
+    "seed-level t interval (`_lo`, `_hi`; none for a one-seed teacher). `agree_<teacher>`: share of test items "
+    "predicted like that teacher (seed mean); `agree_ood_<teacher>`: the same on the out-of-distribution slice; "
+    "`agree_wrong_<teacher>`: on the items that teacher gets wrong, where only an inherited bias makes a student "
+    "agree (a label-trained model agrees there by chance or by a shared error), `agree_ood_wrong_<teacher>` on "
+    "the unseen items it gets wrong. Seed-level intervals of every agreement: the distillation agreement table; "
+    "paired contrasts with CIs: the ledger.")
+
+
+def distillation_tables(inp: Inputs, out: Path, config: dict) -> dict[str, str]:
+    """The distillation rows' arms (students, deit_labels, vit) in the main grid beside the teachers: accuracy
+    in and out of distribution, each teacher's disagreement, and every agreement with a teacher."""
+    rp, runs, d = inp.params.report, inp.runs, inp.params.distill
+    arms = sorted({c[arm] for c in ledger.CONTRASTS if c["id"].startswith("distill.") for arm in ("a", "b")})
+    taught = sorted({t for teacher in d.teachers for t in d.teacher_tasks(teacher)})
+    distilled = pd.concat([runs[runs.source == "teachers"], *(cells.select(runs, t, a, config) for a in arms
+                                                              for t in taught)])
+    agree = sources.agreements(distilled, arms, taught, inp.items)
+    accuracy = cells.slice_accuracy(distilled, inp.items, ("slice/id", "slice/ood"), rp.confidence)
+    return {
+        "distillation attribution": _table(
+            out, "distillation", "Distillation: accuracy and agreement with each teacher", DISTILLATION_NOTE,
+            agg.distillation_table(distilled, agree, accuracy, inp.disagreement, inp.transfer_disagreement),
+            empty="not run (distillation disabled)"),
+        "distillation agreement (seed-level intervals)": _table(
+            out, "distillation_agreement", "Distillation: agreement with the teacher, with seed-level intervals",
+            AGREEMENT_NOTE.format(level=rp.confidence), agg.agreement_table(agree, rp.confidence),
+            empty="not run (distillation disabled)"),
+    }
 
 
 def learnability_table(inp: Inputs, config: dict) -> pd.DataFrame:
