@@ -178,6 +178,17 @@ class Grid(Section):
     seeds: Annotated[list[NonNegInt], Field(min_length=1)] | None = None  # omitted: train.seeds
     data_seeds: Annotated[list[NonNegInt], Field(min_length=1)] | None = None  # omitted: [0] (the slice subset)
     budget_mode: BudgetMode | None = None  # omitted: train.recipe.budget_mode
+    # steps = ceil(epochs x size / batch_size) per size: a data-size curve at matched exposure (exclusive with steps)
+    epochs: PosInt | None = None
+    augment: bool | None = None  # false: the task's training views off (tasks.natural.augment); omitted: on
+
+    @model_validator(mode="after")
+    def _axes(self) -> Grid:
+        if self.epochs is not None and self.steps is not None:
+            raise ValueError("epochs: a grid gives steps or epochs, not both (epochs sets each size's steps)")
+        if self.augment is False and self.tasks != ["natural"]:
+            raise ValueError("augment: false needs tasks: [natural] (only natural images have training views)")
+        return self
 
 
 class Recipe(Section):
@@ -486,6 +497,18 @@ class ArrangementParams(SyntheticParams):
         return self
 
 
+class Augment(Section):
+    """Label-preserving training views (pipeline.learner.augment_views), drawn per (seed, step): the standard
+    CIFAR recipe of a random crop of the image padded with black, and a left-right mirror."""
+
+    crop_pad: NonNegInt  # px of black on each side before a random crop back to size (0: no crop)
+    flip: bool  # mirror left-right with probability 1/2
+
+    @property
+    def on(self) -> bool:
+        return bool(self.crop_pad or self.flip)
+
+
 class NaturalParams(Section):
     """CIFAR-10 from an archive outside the repository (never committed), downloaded when none is found."""
 
@@ -496,6 +519,7 @@ class NaturalParams(Section):
     md5: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")] = "c58f30108f718f92721af3b95e74349a"  # published
     per_class_train: Annotated[int, Field(ge=1, le=5000)]  # first k per class of the official train
     per_class_test: Annotated[int, Field(ge=1, le=1000)]  # ... and of the official test split
+    augment: Augment  # training views of every run on natural (a grid with augment: false turns them off)
 
     @field_validator("path", mode="before")
     @classmethod

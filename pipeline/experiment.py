@@ -28,7 +28,7 @@ from pipeline import budget, tracking
 from pipeline.config import Params
 from pipeline.errors import ConfigError, StageError
 from pipeline.executor import RunFailed, map_runs
-from pipeline.grid import RunSpec, at_main_budget
+from pipeline.grid import RunSpec, at_main_budget, training_views
 from pipeline.io import exclusive, read_json, read_new_lines, write_json, write_with
 from pipeline.provenance import (
     PROVENANCE,
@@ -157,6 +157,7 @@ def run_tags(spec: RunSpec, ident: str, params: Params) -> dict[str, str]:
     k = spec.key
     tags = {"task": k.task, "arch": k.arch, "model": spec.model, "seed": k.seed, "data_seed": k.data_seed,
             "train_size": k.train_size, "steps": k.steps, "budget_mode": k.budget_mode, "identity": ident,
+            "augment": ",".join(f"{x}={v}" for x, v in training_views(spec, params).items()) or "off",
             "params_sha256": params_sha256(run_params(params, spec)),
             "code_sha256": code_sha256(run_archs(params, spec))}
     if spec.teacher_dir is not None:
@@ -197,11 +198,13 @@ def _module(model, spec: RunSpec, params: Params, steps: int):
     from pipeline.learner import Classifier
 
     r, d = params.train.recipe, params.distill
+    views = training_views(spec, params)
     return Classifier(model, lr=learning_rate(spec, params), weight_decay=r.weight_decay,
                       warmup_steps=r.warmup_steps, total_steps=steps, min_lr_ratio=r.min_lr_ratio,
                       label_smoothing=r.label_smoothing,
                       soft_distillation=spec.teacher is not None and d.is_soft(spec.key.arch),
-                      distillation_tau=d.tau)
+                      distillation_tau=d.tau, crop_pad=views.get("crop_pad", 0), flip=views.get("flip", False),
+                      seed=spec.key.seed)
 
 
 def distillation_targets(spec: RunSpec, split, params: Params, teacher, train_idx: np.ndarray) -> tuple:
@@ -259,13 +262,7 @@ def fit(job: Job) -> dict:
     split.indices["fit"] = train_idx
     L.seed_everything(spec.key.seed, workers=True, verbose=False)
     torch.set_num_threads(rt.threads)
-    teacher, record = (load_teacher(spec.teacher_dir, spec.key.task, params, split.num_classes)
-                       if spec.teacher_dir else (None, None))
-    labels = targets = None
-    transfer: dict = {}
-    if teacher is not None:
-        split.indices["fit"], labels, targets, transfer = distillation_targets(spec, split, params, teacher,
-                                                                               train_idx)
+    teacher, record, labels, targets, transfer = _student_rows(spec, split, params, train_idx)
     model = build_model(spec.model, params, split.num_classes)
     if hasattr(model, "set_distilled_training"):
         model.set_distilled_training(teacher is not None)
@@ -285,13 +282,8 @@ def fit(job: Job) -> dict:
     val = trainer.callback_metrics.get("val/acc")
     done = trainer.global_step  # criterion runs may stop before `steps`, the cap
     measured = _measured(job, trainer.global_step - start, wall, timer)
-    extra = {}
-    if spec.kind == "teacher":  # its labels where students learn: their own images and the transfer set
-        extra["student_train"] = subset(split.indices, params.train.size, spec.slices_dir)
-        extra.update({k: split.indices[k] for k in ("transfer",) if k in split.indices})
     t_eval = time.perf_counter()
-    evaluation = {**evaluate(model, split, rt.eval_batch_size, extra),
-                  **evaluate_factors(model, spec, split, params)}
+    evaluation = _evaluation(model, spec, split, params)
     # the run's whole time in the worker (data, model, fit, evaluation): what its steps are a share of
     measured.update(evaluate_s=time.perf_counter() - t_eval, run_s=time.perf_counter() - t_run)
     return {"evaluation": evaluation,
@@ -305,6 +297,26 @@ def fit(job: Job) -> dict:
                                                               model.state_dict().items()},
             # one test image as the network sees it: the MLflow model's input example
             "example": to_tensor(split.images[split.indices["test"][:1]]).numpy()}
+
+
+def _student_rows(spec: RunSpec, split, params: Params, train_idx: np.ndarray) -> tuple:
+    """``(teacher, its record, labels, targets, transfer record)`` of a distilled student (its training rows become
+    ``split.indices["fit"]``); ``(None, None, None, None, {})`` for every other run."""
+    if not spec.teacher_dir:
+        return None, None, None, None, {}
+    teacher, record = load_teacher(spec.teacher_dir, spec.key.task, params, split.num_classes)
+    split.indices["fit"], labels, targets, transfer = distillation_targets(spec, split, params, teacher, train_idx)
+    return teacher, record, labels, targets, transfer
+
+
+def _evaluation(model, spec: RunSpec, split, params: Params) -> dict:
+    """A trained run's evaluation: its slices (a teacher's also where students learn) and the factor evaluations."""
+    extra = {}
+    if spec.kind == "teacher":  # its labels where students learn: their own images and the transfer set
+        extra["student_train"] = subset(split.indices, params.train.size, spec.slices_dir)
+        extra.update({k: split.indices[k] for k in ("transfer",) if k in split.indices})
+    return {**evaluate(model, split, params.train.runtime.eval_batch_size, extra),
+            **evaluate_factors(model, spec, split, params)}
 
 
 def _callbacks(spec: RunSpec, params: Params, steps: int, num_classes: int) -> tuple:
@@ -377,7 +389,8 @@ def compose(job: Job, result: dict, run_id: str) -> dict:
     metrics = {
         "task": k.task, "arch": k.arch, "model": spec.model, "teacher": spec.teacher, "seed": k.seed,
         "data_seed": k.data_seed, "train_size": k.train_size, "steps": k.steps, "budget_mode": k.budget_mode,
-        "lr": learning_rate(spec, job.params), "steps_done": result["steps_done"],
+        "augment": k.augment, "views": training_views(spec, job.params), "lr": learning_rate(spec, job.params),
+        "steps_done": result["steps_done"],
         "criterion_step": result["criterion_step"],
         "stop_reason": result["stop_reason"],
         "num_classes": result["num_classes"], "test_acc": ev["slices"]["test"]["acc"], "val_acc": result["val_acc"],

@@ -8,6 +8,7 @@ arch of a distilled student (or None).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -25,12 +26,14 @@ class RunKey:
     steps: int  # configured steps (budget_mode=flops: the reference arch's steps)
     budget_mode: str
     data_seed: int = 0  # 0: the slice stage's subset; k > 0: the k-th reshuffled draw from the same pool
+    augment: bool = True  # the task's training views (tasks.natural.augment); False: a grid turned them off
 
     @property
     def folder(self) -> str:
-        """``<task>/n<size>-t<steps>-s<seed>-d<data_seed>[-flops]``: readable, unique within an arch."""
+        """``<task>/n<size>-t<steps>-s<seed>-d<data_seed>[-flops][-noaug]``: readable, unique within an arch."""
         mode = "" if self.budget_mode == "steps" else f"-{self.budget_mode}"
-        return f"{self.task}/n{self.train_size}-t{self.steps}-s{self.seed}-d{self.data_seed}{mode}"
+        views = "" if self.augment else "-noaug"
+        return f"{self.task}/n{self.train_size}-t{self.steps}-s{self.seed}-d{self.data_seed}{mode}{views}"
 
 
 @dataclass(frozen=True)
@@ -66,20 +69,37 @@ def train_keys(params: Params, arch: str) -> list[RunKey]:
     for grid in t.grids.values():
         if arch not in (grid.archs or t.archs):
             continue
-        keys += [RunKey(task, arch, seed, size, steps, grid.budget_mode or r.budget_mode, data_seed)
+        keys += [RunKey(task, arch, seed, size, steps, grid.budget_mode or r.budget_mode, data_seed,
+                        grid.augment is not False)
                  for task in grid.tasks or t.archs[arch].tasks for size in grid.sizes or [t.size]
-                 for steps in grid.steps or [r.steps] for seed in grid.seeds or t.seeds
+                 for steps in grid_steps(grid, size, r) for seed in grid.seeds or t.seeds
                  for data_seed in grid.data_seeds or [0]]
     return list(dict.fromkeys(keys))
 
 
+def grid_steps(grid, size: int, recipe) -> list[int]:
+    """A grid's step counts at one training-set size: its ``steps``, ``epochs`` passes over ``size`` images, or the
+    recipe's."""
+    if grid.epochs is not None:
+        return [math.ceil(grid.epochs * size / recipe.batch_size)]
+    return grid.steps or [recipe.steps]
+
+
+def training_views(spec: RunSpec, params: Params) -> dict:
+    """The run's training views (``tasks.<task>.augment``): {} where the task has none or its grid turned them off."""
+    views = getattr(getattr(params.tasks, spec.key.task), "augment", None)
+    return views.model_dump() if views is not None and views.on and spec.key.augment else {}
+
+
 def at_main_budget(spec: RunSpec, params: Params) -> bool:
     """Is this run a cell of the main grid (``train.size``, the recipe's steps and budget mode, the official
-    draw)? Only those get the subgroup and resolution evaluations, so those tables never pool grid points."""
+    draw, the task's training views)? Only those get the subgroup and resolution evaluations, so those tables never
+    pool grid points."""
     k, r = spec.key, params.train.recipe
     if spec.kind == "tune":  # a trial answers one question: its validation accuracy
         return False
-    return (k.train_size, k.steps, k.budget_mode, k.data_seed) == (params.train.size, r.steps, r.budget_mode, 0)
+    return ((k.train_size, k.steps, k.budget_mode, k.data_seed, k.augment)
+            == (params.train.size, r.steps, r.budget_mode, 0, True))
 
 
 def student_keys(params: Params, student: str) -> list[RunKey]:

@@ -62,7 +62,7 @@ class BatchTensors(TensorDataset):
     plus a ``torch.stack`` (the DataLoader calls ``__getitems__`` when it exists; pair with :func:`as_batch`)."""
 
     def __getitems__(self, idx: list[int]) -> tuple[torch.Tensor, ...]:
-        index = torch.as_tensor(idx)
+        index = torch.as_tensor(idx, device=self.tensors[0].device)
         return tuple(t[index] for t in self.tensors)
 
 
@@ -88,10 +88,14 @@ class ArrayData(L.LightningDataModule):
     def _dataset(self, key: str) -> BatchTensors:
         idx = self.split.indices[key]
         if key != self.train_key:
-            return BatchTensors(to_tensor(self.split.images[idx]), torch.from_numpy(self.split.labels[idx]))
-        labels = self.split.labels[idx] if self.labels is None else self.labels
-        extra = () if self.targets is None else (torch.from_numpy(self.targets),)
-        return BatchTensors(to_tensor(self.split.images[idx]), torch.from_numpy(labels), *extra)
+            tensors = (to_tensor(self.split.images[idx]), torch.from_numpy(self.split.labels[idx]))
+        else:
+            labels = self.split.labels[idx] if self.labels is None else self.labels
+            extra = () if self.targets is None else (torch.from_numpy(self.targets),)
+            tensors = (to_tensor(self.split.images[idx]), torch.from_numpy(labels), *extra)
+        # the whole split on the run's device once (a GPU then never waits for a host copy; CPU: no copy)
+        device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+        return BatchTensors(*(t.to(device) for t in tensors))
 
     def train_dataloader(self) -> DataLoader:
         data = self._dataset(self.train_key)
@@ -109,6 +113,30 @@ def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float
         return (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def augment_views(x: torch.Tensor, crop_pad: int, flip: bool, seed: int, step: int) -> torch.Tensor:
+    """A batch's training views: each image padded with ``crop_pad`` px of black (in the normalised input space),
+    cropped back to size at a random offset, and mirrored left-right with probability 1/2 when ``flip``.
+
+    The draws are a pure function of (seed, step) on the CPU, whatever the device: a resumed run sees the same
+    views as an uninterrupted one, and a GPU run the same as a CPU run. Labels are unchanged (the views preserve
+    the class: natural images only, never a synthetic task whose factor is position or chirality)."""
+    n, c, h, w = x.shape
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    dy, dx = torch.randint(0, 2 * crop_pad + 1, (2, n, 1), generator=gen)
+    mirror = torch.rand(n, generator=gen) < 0.5
+    if crop_pad:
+        black = to_tensor(np.zeros((1, 1, 1, c), np.uint8)).to(x)
+        padded = F.pad(x - black, (crop_pad,) * 4) + black
+        rows = (dy + torch.arange(h)).to(x.device)  # (n, h): the rows each crop keeps
+        cols = (dx + torch.arange(w)).to(x.device)
+        # advanced indices split by a slice: the result is (n, h, w, c)
+        x = padded[torch.arange(n, device=x.device)[:, None, None], :, rows[:, :, None], cols[:, None, :]]
+        x = x.permute(0, 3, 1, 2).contiguous()
+    if flip:
+        x = torch.where(mirror.to(x.device)[:, None, None, None], x.flip(-1), x)
+    return x
 
 
 def distillation_loss(cls_logits: torch.Tensor, dist_logits: torch.Tensor, labels: torch.Tensor,
@@ -132,11 +160,13 @@ def distillation_loss(cls_logits: torch.Tensor, dist_logits: torch.Tensor, label
 
 
 class Classifier(L.LightningModule):
-    """Cross-entropy classification (optionally DeiT distillation) with AdamW and warmup+cosine."""
+    """Cross-entropy classification (optionally DeiT distillation) with AdamW and warmup+cosine, on training views
+    (:func:`augment_views`) where the task has them."""
 
     def __init__(self, model: nn.Module, *, lr: float, weight_decay: float, warmup_steps: int, total_steps: int,
                  min_lr_ratio: float = 0.0, label_smoothing: float = 0.0,
-                 soft_distillation: bool = False, distillation_tau: float = 1.0):
+                 soft_distillation: bool = False, distillation_tau: float = 1.0,
+                 crop_pad: int = 0, flip: bool = False, seed: int = 0):
         super().__init__()
         self.model = model
         # Lightning's own record of the recipe: saved in every checkpoint (the module is not a hyperparameter;
@@ -150,6 +180,9 @@ class Classifier(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         x, y, *targets = batch
+        hp = self.hparams
+        if hp.crop_pad or hp.flip:  # a distilled student's targets stay its teacher's view of the clean image
+            x = augment_views(x, hp.crop_pad, hp.flip, hp.seed, self.global_step)
         out = self.model(x)
         if isinstance(out, tuple):
             if not targets:

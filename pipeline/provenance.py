@@ -18,7 +18,7 @@ import numpy as np
 
 from pipeline.archs import ARCHS
 from pipeline.errors import StageError
-from pipeline.grid import at_main_budget
+from pipeline.grid import at_main_budget, training_views
 from pipeline.io import read_json, sha256_bytes, sha256_file
 from pipeline.schemas import TEACHER_PROVENANCE
 
@@ -86,6 +86,8 @@ def run_params(params, spec) -> dict:
     out = params.model_dump(mode="json", include={
         "geometry": True, "models": {"param_target", "param_tolerance", "reference_classes", *sections},
         "train": {"recipe": True, "runtime": runtime}})
+    if views := training_views(spec, params):  # the task's training views (tasks.natural.augment)
+        out["views"] = views
     if spec.lr is not None:  # the cell's tuned learning rate (a trial's own) replaces the recipe's
         out["train"]["recipe"]["lr"] = spec.lr
     if at_main_budget(spec, params):  # only main-grid runs get the subgroup and resolution evaluations

@@ -51,7 +51,9 @@ def runs_frame(records: list[dict]) -> pd.DataFrame:
     for m in records:
         b, meas = m.get("budget", {}), m.get("measured", {})
         rows.append({
-            "source": m["source"], "task": m["task"], "arch": m["arch"], "model": m.get("model", m["arch"]),
+            # a run trained without its task's views (a grid's minimal pair) is its own source: no main table pools it
+            "source": "noaug" if m.get("augment") is False else m["source"],
+            "task": m["task"], "arch": m["arch"], "model": m.get("model", m["arch"]),
             "seed": int(m["seed"]), "train_size": int(m["train_size"]), "num_classes": m.get("num_classes"),
             "steps": m.get("steps", b.get("optimizer_steps")), "data_seed": int(m.get("data_seed") or 0),
             "budget_mode": m.get("budget_mode", "steps"), "lr": m.get("lr"),
