@@ -128,7 +128,8 @@ def augment_views(x: torch.Tensor, crop_pad: int, flip: bool, seed: int, step: i
     mirror = torch.rand(n, generator=gen) < 0.5
     if crop_pad:
         black = to_tensor(np.zeros((1, 1, 1, c), np.uint8)).to(x)
-        padded = F.pad(x - black, (crop_pad,) * 4) + black
+        padded = black.expand(n, c, h + 2 * crop_pad, w + 2 * crop_pad).clone()
+        padded[:, :, crop_pad:crop_pad + h, crop_pad:crop_pad + w] = x  # copied, not shifted: exact values
         rows = (dy + torch.arange(h)).to(x.device)  # (n, h): the rows each crop keeps
         cols = (dx + torch.arange(w)).to(x.device)
         # advanced indices split by a slice: the result is (n, h, w, c)
