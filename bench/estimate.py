@@ -3,17 +3,18 @@
     python -m bench.estimate [--params params-quick.yaml ...] [--timing reports/repro_timing.json] [--vit-ms 10.9]
     python -m bench.estimate --all     # every committed profile (params*.yaml), one ViT measurement for all
 
-Prices every run the profile's grid lists (tune trials, teachers, train runs: ``pipeline.grid``) with the
-committed study's measured figures per ``<arch>/<task>`` cell (``repro_timing.json``'s ``training.cells``, written
-by ``bench.repro_breakdown``): ms per optimizer step, seconds outside the steps, and the share of its cap a run
-used under the criterion. A cell the study lacks takes its architecture's mean, then the study's. Everything is
-scaled by this machine's ViT step time over the study machine's (``--vit-ms``, else measured here: 300 steps of
-``bench phases``). Training stages: the runs' worker-seconds over the workers, times the study's own ratio of
-training worker time to run time (process start, the pool, idle workers at the end); the other stages: the
-study's times, scaled (the second look, ``train_more``, at the study's own time: how many rows it continues is
-decided by the first look's results). Prints one row per stage, the expected total and an upper bound with every
-run at its cap. It is an estimate from another profile's runs: a profile whose cells learn faster or slower than
-the study's moves it.
+Prices every run the profile's grid lists (tune trials, teachers, train runs: ``pipeline.grid``) with the committed
+study's measured figures per ``<arch>/<task>`` cell (``repro_timing.json``'s ``training.cells``, written by
+``bench.repro_breakdown``): ms per optimizer step, seconds outside the steps, and the share of its cap a run used
+under the criterion. A cell the study lacks takes its architecture's mean, then the study's. Everything is scaled by
+this machine's ViT step time over the study machine's (``--vit-ms``, else measured here: 300 steps of ``bench
+phases``), and a profile of other images, models or batch by its FLOPs per step over the study's (an upper bound
+where a small model's step is mostly fixed overhead). Training stages: the runs' worker-seconds over the workers,
+times the study's own ratio of training worker time to run time (process start, the pool, idle workers at the end);
+the other stages: the study's times, scaled (the second look, ``train_more``, at the study's own time: how many rows
+it continues is decided by the first look's results). Prints one row per stage, the expected total and an upper
+bound with every run at its cap. It is an estimate from another profile's runs: a profile whose cells learn faster
+or slower than the study's moves it. A profile for an accelerator is left to ``bench.gpu_estimate``.
 """
 
 from __future__ import annotations
@@ -40,8 +41,31 @@ def cell_figures(cells: dict[str, dict], arch: str, task: str) -> dict:
     return {k: sum(v[k] for v in same) / len(same) for k in ("ms_per_step", "other_s", "cap_share")}
 
 
-def run_table(params, cells: dict[str, dict]) -> pd.DataFrame:
-    """One row per run of the profile with its expected and capped seconds on the study's machine."""
+def flops_scale(params, study) -> dict[str, float]:
+    """Per model: the profile's forward FLOPs per optimizer step over the study's, where the profile's images,
+    models or batch differ from the study's ({} where they match: the study's step times hold as measured)."""
+    same = (params.geometry, params.models, params.train.recipe.batch_size)
+    if same == (study.geometry, study.models, study.train.recipe.batch_size):
+        return {}
+    models = sorted({s.model for s in train_specs(params, Folders(*[Path(".")] * 5))})
+    mine, theirs = forward_flops(params, models), forward_flops(study, models)
+    return {m: mine[m] * params.train.recipe.batch_size / (theirs[m] * study.train.recipe.batch_size)
+            for m in models}
+
+
+def forward_flops(params, models) -> dict[str, int]:
+    """Analytic forward FLOPs per image of each model at the width its runs solve to (``pipeline.budget``'s
+    family formulas: no model is built or traced)."""
+    from pipeline.budget import analytic_forward_flops
+    from pipeline.models import solve_width
+
+    k = params.models.reference_classes
+    return {m: analytic_forward_flops(m, params, solve_width(m, params, k), k) for m in models}
+
+
+def run_table(params, cells: dict[str, dict], scale: dict[str, float] | None = None) -> pd.DataFrame:
+    """One row per run of the profile with its expected and capped seconds on the study's machine (each step's
+    time times ``scale`` of its model: see :func:`flops_scale`)."""
     at = Folders(*[Path(".")] * 5)
     rows = []
     for stage, specs in (("tune", tune_specs(params, at)), ("teacher", teacher_specs(params, at)),
@@ -49,19 +73,20 @@ def run_table(params, cells: dict[str, dict]) -> pd.DataFrame:
         for s in specs:
             f = cell_figures(cells, s.key.arch, s.key.task)
             share = f["cap_share"] if s.key.budget_mode == "criterion" else 1.0
-            step_s = f["ms_per_step"] / 1e3
+            step_s = f["ms_per_step"] / 1e3 * (scale or {}).get(s.model, 1.0)
             rows.append({"stage": stage, "arch": s.key.arch, "task": s.key.task,
                          "expected_s": s.key.steps * share * step_s + f["other_s"],
                          "cap_s": s.key.steps * step_s + f["other_s"]})
     return pd.DataFrame(rows)
 
 
-def estimate(params, timing: dict, factor: float) -> pd.DataFrame:
-    """Per stage: runs, expected and capped wall seconds on a machine ``factor`` times the study's step time."""
+def estimate(params, timing: dict, factor: float, study=None) -> pd.DataFrame:
+    """Per stage: runs, expected and capped wall seconds on a machine ``factor`` times the study's step time
+    (``study``: the study's params, which scale a profile of other images or models by FLOPs per step)."""
     t = timing["training"]
     workers = params.train.runtime.workers
     overhead = t["worker_s"] / t["run_s"]  # the study's training worker time per second inside its runs
-    runs = run_table(params, t["cells"])
+    runs = run_table(params, t["cells"], flops_scale(params, study) if study is not None else None)
     table = runs.groupby("stage").agg(runs=("arch", "size"), expected_s=("expected_s", "sum"),
                                       cap_s=("cap_s", "sum"))
     table[["expected_s", "cap_s"]] *= factor * overhead / workers
@@ -86,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--all", action="store_true", help="every params*.yaml of this checkout")
     ap.add_argument("--timing", type=Path, default=Path("reports/repro_timing.json"))
     ap.add_argument("--vit-ms", type=float, help="this machine's ms per ViT step (default: measured now)")
+    ap.add_argument("--study-params", type=Path, default=Path("params.yaml"),
+                    help="the params of the study --timing measured (a profile of other images or models is "
+                         "scaled from it by FLOPs per step)")
     args = ap.parse_args(argv)
     timing = json.loads(args.timing.read_text())
     if "cells" not in timing.get("training", {}) or "machine_steps_s" not in timing:
@@ -96,12 +124,20 @@ def main(argv: list[str] | None = None) -> int:
     here_ms = args.vit_ms or this_machine_vit_ms()
     profiles = sorted(Path(".").glob("params*.yaml")) if args.all else args.params
     summary = []
+    try:
+        study = load_params(args.study_params)
+    except ConfigError as err:
+        raise SystemExit(f"error: {err}") from None
     for path in profiles:
         try:
             params = load_params(path)
         except ConfigError as err:  # one line naming the file and key, as the stages say it
             raise SystemExit(f"error: {err}") from None
-        table = estimate(params, timing, here_ms / study_ms)
+        if params.train.runtime.accelerator != "cpu":  # CPU step times say nothing about an accelerator
+            print(f"{path}: for an accelerator (train.runtime.accelerator {params.train.runtime.accelerator}); "
+                  f"python -m bench.gpu_estimate --params {path}")
+            continue
+        table = estimate(params, timing, here_ms / study_ms, study)
         total, cap = round(table.expected_s.sum() / 60), round(table.cap_s.sum() / 60)
         print(f"{path}: expected dvc repro {total} min ({total // 60}:{total % 60:02d}), at most {cap} min with "
               f"every run at its cap; this machine's ViT step {here_ms:.2f} ms, the study's {study_ms:.2f} ms "

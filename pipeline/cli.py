@@ -27,6 +27,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import yaml
+
 from pipeline.errors import ConfigError, StageError
 from pipeline.io import read_json
 from pipeline.schemas import REPORT_SUMMARY
@@ -108,6 +110,7 @@ def profile(args: argparse.Namespace) -> int:
             (work / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(root / rel, work / rel)
     shutil.copy2(source, work / "params.yaml")
+    _anchor_archives(work / "params.yaml", params, root)
     git_init(work)  # DVC wants a git repository; its history is not the source of record
     env = {**_env(), "MLFLOW_TRACKING_URI": tracking_uri(None, root),
            "BIAS_GIT_COMMIT": git_commit(), "BIAS_PROFILE": args.name}
@@ -124,6 +127,15 @@ def profile(args: argparse.Namespace) -> int:
     print(f"profile {args.name}: done in {(time.perf_counter() - t0) / 60:.1f} min; report "
           f"reports/{args.name}/README.md", flush=True)
     return 0
+
+
+def _anchor_archives(path: Path, params, root: Path) -> None:
+    """The profile's copy reads CIFAR-10 where this checkout does: relative ``tasks.natural.path`` candidates are
+    relative to the repository root, which for the copy is ``.profiles/<name>``."""
+    raw = yaml.safe_load(path.read_text())
+    raw["tasks"]["natural"]["path"] = [p if Path(p).is_absolute() else str(root / p)
+                                       for p in params.tasks.natural.path]
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
 
 
 def run_spec(params, arch: str, task: str, seed: int, out: Path, lrs: dict):

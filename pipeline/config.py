@@ -7,6 +7,7 @@ that line and exit non-zero without writing anything (see :mod:`pipeline.stages.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Annotated, Literal
@@ -268,6 +269,12 @@ class Train(Section):
         for name, grid in self.grids.items():
             if unknown := [a for a in grid.archs or [] if a not in self.archs]:
                 raise ValueError(f"grids.{name}.archs: {unknown} not in train.archs")
+            fewest = min([*(grid.steps or []), *(math.ceil(grid.epochs * n / self.recipe.batch_size)
+                                                 for n in (grid.sizes or [self.size]) if grid.epochs)]
+                         or [self.recipe.steps])
+            if fewest <= self.recipe.warmup_steps:
+                raise ValueError(f"grids.{name}: a run of {fewest} steps never leaves recipe.warmup_steps "
+                                 f"{self.recipe.warmup_steps} (more epochs or steps, or a shorter warm-up)")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds: must be a non-empty list of distinct seeds, got {self.seeds}")
         return self
@@ -395,6 +402,19 @@ class Report(Section):
     ceiling_tol: Annotated[float, Field(gt=0, lt=0.5)]  # both arms >= 1 - this (or <= chance + this): uninformative
     power: Annotated[float, Field(gt=0.5, lt=1)]  # target power of "seeds needed"
     max_seeds: Annotated[int, Field(ge=2)]  # seeds needed above this are reported as "> max_seeds"
+    # Per task and arch, the test accuracy range the literature leads one to expect ([lo, hi], with its source in
+    # a comment): the report prints each beside the measured cell (pipeline.report.natural.expected_table).
+    expected: dict[TaskName, dict[str, Annotated[list[Fraction], Field(min_length=2, max_length=2)]]] = {}
+
+    @model_validator(mode="after")
+    def _expected(self) -> Report:
+        for task, archs in self.expected.items():
+            for arch, (lo, hi) in archs.items():
+                if arch_section(arch) is None:
+                    raise ValueError(f"expected.{task}.{arch}: unknown architecture")
+                if lo > hi:
+                    raise ValueError(f"expected.{task}.{arch}: [{lo}, {hi}] is not a range (lo > hi)")
+        return self
 
 
 # --------------------------------------------------------------------------- tracking
@@ -648,7 +668,7 @@ class Params(Section):
         for key, want in wanted:
             if missing := [x for x in want if x not in sizes]:
                 raise ValueError(f"{key}: {missing} not in slice.train_sizes {sorted(sizes)}")
-        if self.distill.teacher_size <= t.size:
+        if self.distill.students and self.distill.teacher_size <= t.size:  # no students: no teacher set needed
             raise ValueError(f"distill.teacher_size: {self.distill.teacher_size} must exceed train.size {t.size} "
                              "(teachers train on the images students do not see)")
         if clash := sorted(set(self.distill.students) & set(t.archs)):  # both write data/runs/<name>

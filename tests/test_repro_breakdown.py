@@ -138,7 +138,52 @@ def test_estimate_all_prices_every_committed_profile(capsys, monkeypatch):
     monkeypatch.chdir(root)
     assert estimate.main(["--all", "--vit-ms", "10.0", "--timing", "reports/quick/repro_timing.json"]) == 0
     out = capsys.readouterr().out
+    from pipeline.config import load_params
+
     profiles = sorted(p.name for p in root.glob("params*.yaml"))
-    assert len(profiles) >= 4 and all(f"{p}: expected dvc repro" in out for p in profiles)
+    cpu = [p for p in profiles if load_params(root / p).train.runtime.accelerator == "cpu"]
+    assert len(cpu) >= 5 and all(f"{p}: expected dvc repro" in out for p in cpu)
+    gpu = sorted(set(profiles) - set(cpu))
+    assert gpu and all(f"{p}: for an accelerator" in out and f"bench.gpu_estimate --params {p}" in out for p in gpu)
     summary = out.split("Every profile at 10.00 ms per ViT step:")[1]
-    assert all(f"| {p} " in summary for p in profiles)
+    assert all(f"| {p} " in summary for p in cpu)
+
+
+def test_a_profile_of_other_images_or_models_is_scaled_by_flops_per_step():
+    from bench import estimate
+    from pipeline.config import load_params
+
+    root = Path(__file__).resolve().parents[1]
+    study = load_params(root / "params.yaml")
+    assert estimate.flops_scale(load_params(root / "params-quick.yaml"), study) == {}  # same models: as measured
+    scale = estimate.flops_scale(load_params(root / "params-natural-slice.yaml"), study)
+    assert scale["vit"] > 4  # 64 tokens of 44 wide against 16 of the default's: more work per step
+    timing = json.loads((root / "reports/repro_timing.json").read_text())
+    plain = estimate.run_table(load_params(root / "params-natural-slice.yaml"), timing["training"]["cells"])
+    scaled = estimate.run_table(load_params(root / "params-natural-slice.yaml"), timing["training"]["cells"], scale)
+    vit = (scaled.arch == "vit") & (plain.arch == "vit")
+    assert (scaled.expected_s[vit] > plain.expected_s[vit]).all()
+
+
+def test_gpu_estimate_counts_each_run_s_work():
+    from bench import gpu_estimate
+    from bench.estimate import forward_flops
+    from pipeline.config import load_params
+    from pipeline.grid import Folders, at_main_budget, train_specs
+
+    root = Path(__file__).resolve().parents[1]
+    params = load_params(root / "params-natural.yaml")
+    runs = gpu_estimate.run_table(params)
+    specs = train_specs(params, Folders(*[Path(".")] * 5))
+    train = runs[runs.stage == "train"].reset_index(drop=True)
+    assert len(train) == len(specs) and set(runs.stage) == {"tune", "train"}  # no students: no teachers
+    fwd = forward_flops(params, {s.model for s in specs})
+    r, rt = params.train.recipe, params.train.runtime
+    first = specs[0]
+    val = fwd[first.model] * params.slice.val_size * (first.key.steps // rt.val_every_steps)
+    assert train.train_flops[0] == 3 * fwd[first.model] * r.batch_size * first.key.steps + val
+    main = [at_main_budget(s, params) for s in specs]
+    assert (train.eval_flops[main] > 10 * train.eval_flops[[not m for m in main]].max()).all()  # the subgroups
+    table = gpu_estimate.estimate(params, tflops=40, step_ms=8, cpu_rate=5e10)
+    slower = gpu_estimate.estimate(params, tflops=40, step_ms=16, cpu_rate=5e10)
+    assert (slower.gpu_h >= table.gpu_h).all() and slower.gpu_h.sum() > table.gpu_h.sum()

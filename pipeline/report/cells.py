@@ -161,7 +161,16 @@ def size_cells(cell_tab: pd.DataFrame, config: dict) -> pd.DataFrame:
         return cell_tab
     sub = cell_tab[(cell_tab.steps == config["steps"]) & (cell_tab.budget_mode == config["budget_mode"])
                    & (cell_tab.data_seed == 0)]
-    return sub[sub.groupby(["task", "arch"])["train_size"].transform("nunique") > 1]
+    return sub[sub.groupby(["task", "arch"])["train_size"].transform("nunique") > 1].assign(curve="matched steps")
+
+
+def exposure_cells(cell_tab: pd.DataFrame, points: dict[str, list[tuple[int, int, str]]]) -> pd.DataFrame:
+    """The data-size curves at matched exposure: per curve name, the cells at its (train_size, steps, budget_mode)
+    points (a grid with ``epochs`` gives each size its own steps), official data draw."""
+    parts = [cell_tab[(cell_tab.train_size == n) & (cell_tab.steps == t) & (cell_tab.budget_mode == mode)
+                      & (cell_tab.data_seed == 0)].assign(curve=name)
+             for name, rows in points.items() for n, t, mode in rows]
+    return pd.concat(parts) if parts else cell_tab.iloc[0:0].assign(curve="")
 
 
 def slice_summary(rows: pd.DataFrame, items: Items, task: str, rp, seed: int) -> list[dict]:

@@ -1,4 +1,5 @@
-"""Level 3, natural images: subgroup slices, the resolution table with its position contract, literature anchors.
+"""Level 3, natural images: subgroup slices, the resolution table with its position contract, literature anchors,
+training views on vs off, and each expected range beside its measurement.
 
 Inputs are the metrics.json records (``subgroups``: {subgroup: {condition: {acc, consistency, n}}};
 ``resolution``: {size_px: {acc, n}}) and the cell table. Intervals: the seed mean of a subgroup's accuracy
@@ -101,12 +102,13 @@ def anchors_table(cell_tab: pd.DataFrame, size_tab: pd.DataFrame, task: str = "n
     data-size reversal, vit - resnet at every training size of the data-size curve."""
     rows = []
     for an in ANCHORS:
-        if an["anchor"] == "ViT data-size reversal":
+        if an["anchor"] == "ViT data-size reversal":  # per curve: at matched steps, at matched epochs
             sub = size_tab[size_tab.arch.isin([an["a"], an["b"]]) & (size_tab.task == task)] if len(size_tab) \
                 else size_tab
-            piv = sub.pivot_table(index="train_size", columns="arch", values="mean") if len(sub) else pd.DataFrame()
-            ours = "; ".join(f"n={int(s)}: {r[an['a']] - r[an['b']]:+.3f}" for s, r in piv.iterrows()
-                             if {an["a"], an["b"]} <= set(r.index)) if len(piv) else ""
+            ours = "; ".join(f"{curve}: " + ", ".join(
+                f"n={int(s)} {r[an['a']] - r[an['b']]:+.3f}"
+                for s, r in g.pivot_table(index="train_size", columns="arch", values="mean").iterrows()
+                if {an["a"], an["b"]} <= set(r.index)) for curve, g in sub.groupby("curve", sort=True))
         else:
             sub = cell_tab[(cell_tab.task == task) & (cell_tab.data_seed == 0)] if len(cell_tab) else cell_tab
             means = sub.groupby("arch")["mean"].first() if len(sub) else pd.Series(dtype=float)
@@ -137,3 +139,46 @@ def evidence_level(cell_tab: pd.DataFrame, floor: float, clearance: float = 0.10
             "natural-image contrasts say the pipeline runs, not which bias helps; the natural-image profile "
             "(issue 30: 32 px, the full training set, larger models, augmentation) is where they are meant to be "
             "decided.")
+
+
+VIEWS_NOTE = (
+    "Runs with the task's training views (tasks.natural.augment: black-padded random crop, left-right mirror) "
+    "against the same runs with them off (a grid with `augment: false`), paired by seed: `on - off` is the seed "
+    "mean of the per-seed difference in test accuracy with its seed-level t interval ({level:.0%}). Views drawn "
+    "per (seed, step) in pipeline/learner.py.")
+
+EXPECTED_NOTE = (
+    "Each range the profile states in `report.expected` (from the literature, its source beside it in the params "
+    "file), beside the measured main-grid cell: seed mean with its seed-level t interval. `where`: the mean "
+    "inside, below or above the stated range. A range is what was expected before the run, not a pass mark.")
+
+
+def views_table(runs: pd.DataFrame, level: float) -> pd.DataFrame:
+    """Per cell trained both with and without its training views: each arm's mean and the seed-paired on - off."""
+    key = ["task", "arch", "train_size", "steps", "budget_mode", "data_seed", "seed"]
+    on, off = runs[runs.source == "runs"], runs[runs.source == "noaug"]
+    pairs = on[key + ["test_acc"]].merge(off[key + ["test_acc"]], on=key, suffixes=("_on", "_off"))
+    rows = []
+    for cell, g in pairs.groupby(key[:-1], sort=True):
+        d = stats.seed_interval(g.test_acc_on - g.test_acc_off, level)
+        rows.append({**dict(zip(key[:-1], cell, strict=True)), "seeds": len(g), "on": g.test_acc_on.mean(),
+                     "off": g.test_acc_off.mean(), "on - off": d["estimate"], "ci_lo": d["ci_lo"],
+                     "ci_hi": d["ci_hi"]})
+    return pd.DataFrame(rows, columns=[*key[:-1], "seeds", "on", "off", "on - off", "ci_lo", "ci_hi"])
+
+
+def expected_table(cell_tab: pd.DataFrame, expected: dict) -> pd.DataFrame:
+    """Each (task, arch) of ``report.expected`` beside its main-grid cell: measured mean, interval, where it falls."""
+    rows = []
+    for task, archs in expected.items():
+        for arch, (lo, hi) in archs.items():
+            got = cell_tab[(cell_tab.task == task) & (cell_tab.arch == arch)] if len(cell_tab) else cell_tab
+            if got.empty:
+                rows.append({"task": task, "arch": arch, "expected_lo": lo, "expected_hi": hi, "where": "not run"})
+                continue
+            r = got.iloc[0]
+            where = "inside" if lo <= r["mean"] <= hi else ("below" if r["mean"] < lo else "above")
+            rows.append({"task": task, "arch": arch, "expected_lo": lo, "expected_hi": hi, "measured": r["mean"],
+                         "ci_lo": r["ci_lo"], "ci_hi": r["ci_hi"], "seeds": int(r["n"]), "where": where})
+    return pd.DataFrame(rows, columns=["task", "arch", "expected_lo", "expected_hi", "measured", "ci_lo", "ci_hi",
+                                       "seeds", "where"])

@@ -139,7 +139,9 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
     main = cell_tab[(cell_tab.train_size == config.get("train_size")) & (cell_tab.steps == config.get("steps"))
                     & (cell_tab.data_seed == 0)] if config else cell_tab
     size_tab = pd.concat([cells.size_cells(cell_tab, config),  # a size grid inside data/runs, and data/curve
-                          cells.cell_table(inp.curve_runs.assign(source="runs"), inp.items, rp, seed)])
+                          cells.cell_table(inp.curve_runs.assign(source="runs"), inp.items, rp,
+                                           seed).assign(curve="matched steps"),
+                          cells.exposure_cells(cell_tab, epoch_points(inp.params))])
     slice_tab = cells.slice_table(runs, inp.items, config, rp, seed)
     led = ledger.judge(inp.params, runs, inp.items, inp.floors, inp.disagreement, seed, inp.collisions,
                        inp.seed_plan, inp.transfer_disagreement)
@@ -235,6 +237,16 @@ def learn_note(inp: Inputs, config: dict) -> str:
                                     criterion=learnability.criterion_accuracy(inp.params))
 
 
+def epoch_points(params) -> dict[str, list[tuple[int, int, str]]]:
+    """Per grid with ``epochs``: its curve's name and (train_size, steps, budget_mode) at each size."""
+    from pipeline.grid import grid_steps
+
+    t = params.train
+    return {f"matched epochs ({g.epochs})": [(n, grid_steps(g, n, t.recipe)[0], g.budget_mode or t.recipe.budget_mode)
+                                             for n in g.sizes or [t.size]]
+            for g in t.grids.values() if g.epochs is not None}
+
+
 def natural_tables(inp: Inputs, out: Path, main: pd.DataFrame, size_tab: pd.DataFrame, floors: str) -> dict:
     """Level 3 (natural images): subgroups, resolution + the position contract, literature anchors."""
     level = inp.params.report.confidence
@@ -254,6 +266,12 @@ def natural_tables(inp: Inputs, out: Path, main: pd.DataFrame, size_tab: pd.Data
                                      "cites its source table; anchors that could not be traced were dropped. "
                                      "Ours: CIFAR-10 cell means (paired CIs: the ledger), far smaller models."
                                      + (f"\n\n{smoke}" if smoke else ""), natural.anchors_table(main, size_tab)),
+        "natural images: training views": _table(
+            out, "views", "Training views on and off (the augmentation minimal pair)", natural.VIEWS_NOTE.format(
+                level=level), natural.views_table(inp.runs, level), empty="not run (no grid with augment: false)"),
+        "expected vs measured": _table(
+            out, "expected", "Each expected cell beside its measurement", natural.EXPECTED_NOTE,
+            natural.expected_table(main, inp.params.report.expected), empty="no expected ranges in report.expected"),
     }
 
 

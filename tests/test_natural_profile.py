@@ -1,0 +1,116 @@
+"""params-natural.yaml (issue 30): its slice is the same study cut to a CPU, and the profile's own stages run end to
+end through ``bias profile`` on a tiny cut of it (a fake CIFAR-10 archive, tiny models, a few steps)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import tiny_repo
+import yaml
+from test_natural import fake_python_archive
+
+from bench.params_format import main as params_format
+from pipeline.config import load_params
+
+ROOT = Path(__file__).resolve().parents[1]
+# What params-natural-slice.yaml may change: sizes, budgets, seeds, the runtime and its own experiments.
+SLICE_EDITS = {("models", "param_target"), ("tasks", "natural", "per_class_train"),
+               ("tasks", "natural", "per_class_test"), ("slice",), ("plan",), ("tracking", "experiment_prefix"),
+               ("train", "seeds"), ("train", "size"), ("train", "grids"), ("train", "recipe", "steps"),
+               ("train", "recipe", "batch_size"), ("train", "recipe", "warmup_steps"), ("train", "runtime"),
+               ("distill", "teacher_size"), ("tune", "lrs")}
+
+
+def _drop(doc: dict, paths: set[tuple[str, ...]]) -> dict:
+    doc = json.loads(json.dumps(doc))
+    for path in paths:
+        node = doc
+        for key in path[:-1]:
+            node = node[key]
+        node.pop(path[-1], None)
+    return doc
+
+
+def test_natural_profile_is_the_issue_s_study():
+    p = load_params(ROOT / "params-natural.yaml")
+    assert (p.geometry.image_size, p.geometry.patch_size) == (32, 4) and p.tasks.names == ["natural"]
+    assert (p.tasks.natural.per_class_train, p.tasks.natural.per_class_test) == (5000, 1000)
+    assert p.tasks.natural.augment.on and p.train.size == max(p.slice.train_sizes)
+    assert p.slice.train_sizes[-1] + p.slice.val_size == 50000 and p.slice.test_size == 10000
+    assert 1e6 <= p.models.param_target <= 5e6 and len(p.train.seeds) >= 5
+    assert (p.train.runtime.accelerator, p.train.runtime.precision) == ("gpu", "bf16-mixed")
+    grids = p.train.grids
+    assert any(g.augment is False for g in grids.values())  # the views-off minimal pair
+    assert any(g.epochs for g in grids.values()) and any(g.sizes and not g.epochs for g in grids.values())
+    assert {"vit", "vit_nopos", "vit_sincos", "vit_convstem", "vit_overlap", "swin", "swin_noshift", "resnet"} \
+        <= set(p.train.archs)
+    assert set(p.report.expected["natural"]) >= {"vit", "resnet"}
+    for name in ("params-natural.yaml", "params-natural-slice.yaml"):
+        assert params_format([str(ROOT / name), "--check"]) == 0
+
+
+def test_the_slice_is_the_profile_cut_to_a_cpu():
+    full = yaml.safe_load((ROOT / "params-natural.yaml").read_text())
+    cut = yaml.safe_load((ROOT / "params-natural-slice.yaml").read_text())
+    assert _drop(cut, SLICE_EDITS) == _drop(full, SLICE_EDITS)
+    assert set(cut["train"]["grids"]) == set(full["train"]["grids"])  # the same curves and pairs, smaller
+    p = load_params(ROOT / "params-natural-slice.yaml")
+    assert p.train.runtime.accelerator == "cpu" and p.tracking.experiment_prefix == "bias-natural-slice"
+
+
+@pytest.mark.slow
+def test_a_tiny_cut_of_the_profile_runs_through_bias_profile(tmp_path):
+    archive = tmp_path / "cifar-10-python.tar.gz"
+    fake_python_archive(archive, per_class=30)
+    repo = tiny_repo.make_repo(tmp_path / "repo")
+    raw = yaml.safe_load((ROOT / "params-natural.yaml").read_text())
+    archs = ["vit", "vit_nopos", "swin", "resnet", "nomix"]
+    tiny = {
+        "interface": tiny_repo.TINY["interface"],
+        "models": {"param_target": 20000, "param_tolerance": 0.2, "vit": {"depth": 2}, "resnet": {"layers": [1, 1]},
+                   "swin": {"depths": [2, 2], "num_heads": [2, 4]}},
+        "tasks": {"natural": {"path": ["data/raw/none.tar.gz", str(archive)], "per_class_train": 28,
+                              "per_class_test": 10}},
+        "slice": {"train_sizes": [100, 200], "val_size": 40, "test_size": 100},
+        "evaluation": {"resolution": {"sizes": [24, 32]}},
+        "train": {"seeds": [0], "size": 200,
+                  "archs": {a: raw["train"]["archs"][a] for a in archs},
+                  "grids": {"views_off": {**raw["train"]["grids"]["views_off"], "seeds": [0]},
+                            "size_steps": {**raw["train"]["grids"]["size_steps"], "sizes": [100], "seeds": [0]},
+                            "size_epochs": {**raw["train"]["grids"]["size_epochs"], "sizes": [100, 200],
+                                            "epochs": 2, "seeds": [0]}},
+                  "recipe": {"steps": 20, "batch_size": 16, "warmup_steps": 2},
+                  "runtime": {"workers": 1, "threads": 1, "accelerator": "cpu", "precision": "32-true",
+                              "val_every_steps": 10, "log_every_steps": 5, "checkpoint_every_steps": 10,
+                              "eval_batch_size": 256}},
+        "distill": {"teacher_size": 200},
+        "tune": {"lrs": [2e-3]},
+    }
+    params = tiny_repo.merge(raw, tiny)
+    params["train"]["archs"] = tiny["train"]["archs"]
+    params["train"]["grids"] = tiny["train"]["grids"]
+    tiny_repo.write_params(repo / "params-natural.yaml", params)
+    load_params(repo / "params-natural.yaml")
+    proc = subprocess.run([str(tiny_repo.VENV_BIN / "bias"), "profile", "natural"], cwd=repo,
+                          env=tiny_repo.env(repo), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = repo / "reports" / "natural"
+    curve = pd.read_csv(out / "tables" / "size_curve.csv")
+    assert set(curve.curve) == {"matched steps", "matched epochs (2)"}
+    epochs = curve[curve.curve == "matched epochs (2)"].set_index(["arch", "train_size"]).steps
+    assert epochs[("vit", 100)] == 13 and epochs[("vit", 200)] == 25  # ceil(2 x size / 16)
+    views = pd.read_csv(out / "tables" / "views.csv")
+    assert sorted(views.arch) == ["resnet", "vit"] and (views.seeds == 1).all()
+    expected = pd.read_csv(out / "tables" / "expected.csv")
+    assert set(expected.arch) >= {"vit", "resnet"} and expected["where"].isin(["inside", "below", "above"]).all()
+    meta = json.loads((repo / ".profiles/natural/data/tasks/natural/meta.json").read_text())
+    assert meta["archive"]["path"] == str(archive)  # the profile's copy read the archive the checkout points at
+    runs = list((repo / ".profiles/natural/data/runs").rglob("metrics.json"))
+    off = [json.loads(m.read_text()) for m in runs if m.parent.name.endswith("-noaug")]
+    assert off and all(m["augment"] is False and m["views"] == {} for m in off)
+    on = [json.loads(m.read_text()) for m in runs if not m.parent.name.endswith("-noaug")]
+    assert all(m["views"] == {"crop_pad": 4, "flip": True} for m in on)
