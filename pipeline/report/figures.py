@@ -181,7 +181,9 @@ def ledger_figure(led: pd.DataFrame, margin: float):
     ax.set_ylim(ys[-1] + 1, -1)  # top to bottom, as in the table
     ax.tick_params(axis="x", labeltop=True, top=True)
     ax.grid(axis="x", alpha=GRID_ALPHA)
-    ax.set_xlabel("estimate, accuracy points: a - b (paired rows) or a - shortcut floor (floor rows); 95% CI")
+    agree = "subset" in rows and rows["subset"].astype(str).str.startswith("agree/").any()
+    unit = "accuracy points (agreement points on agree/ rows)" if agree else "accuracy points"
+    ax.set_xlabel(f"estimate, {unit}: a - b (paired rows) or a - shortcut floor (floor rows); 95% CI")
     seen = list(dict.fromkeys(str(v) for v in rows.verdict))
     handles = [Line2D([], [], ls="", marker=s["marker"], ms=6, color=s["color"], mec=s["color"],
                       mfc=s["color"] if s["filled"] else "white", label=v)
