@@ -8,13 +8,14 @@ study's measured figures per ``<arch>/<task>`` cell (``repro_timing.json``'s ``t
 ``bench.repro_breakdown``): ms per optimizer step, seconds outside the steps, and the share of its cap a run used
 under the criterion. A cell the study lacks takes its architecture's mean, then the study's. Everything is scaled by
 this machine's ViT step time over the study machine's (``--vit-ms``, else measured here: 300 steps of ``bench
-phases``), and a profile of other images, models or batch by its FLOPs per step over the study's (an upper bound
-where a small model's step is mostly fixed overhead). Training stages: the runs' worker-seconds over the workers,
-times the study's own ratio of training worker time to run time (process start, the pool, idle workers at the end);
-the other stages: the study's times, scaled (the second look, ``train_more``, at the study's own time: how many rows
-it continues is decided by the first look's results). Prints one row per stage, the expected total and an upper
-bound with every run at its cap. It is an estimate from another profile's runs: a profile whose cells learn faster
-or slower than the study's moves it. A profile for an accelerator is left to ``bench.gpu_estimate``.
+phases``), and a profile of other images, models or batch by its FLOPs per step over the study's (its FLOPs move
+with the tokens, but a CPU's rate per FLOP does not stay put: on the natural slice a swin_local run took 1.7x its
+price). Training stages: the runs' worker-seconds over the workers, times the study's own ratio of training worker
+time to run time (process start, the pool, idle workers at the end); the other stages: the study's times, scaled
+(the second look, ``train_more``, at the study's own time: how many rows it continues is decided by the first look's
+results). Prints one row per stage, the expected total and an upper bound with every run at its cap. It is an
+estimate from another profile's runs: a profile whose cells learn faster or slower than the study's moves it. A
+profile for an accelerator is left to ``bench.gpu_estimate``.
 """
 
 from __future__ import annotations
