@@ -75,7 +75,8 @@ def test_profile_runs_beside_the_default_and_leaves_only_its_report(make_tiny_re
     tiny_repo.git(repo, "add", "params-tiny2.yaml", "params-same.yaml")
     tiny_repo.git(repo, "commit", "-q", "-m", "a second profile")
     head = tiny_repo.git(repo, "rev-parse", "HEAD").strip()
-    for name, says in [("nope", "params-nope.yaml: no such profile (have: large, quick, same, tasks, tiny2)"),
+    have = "large, natural, natural-slice, quick, same, tasks, tiny2"
+    for name, says in [("nope", f"params-nope.yaml: no such profile (have: {have})"),
                        ("same", "params-same.yaml: tracking.experiment_prefix 'bias' is the default's")]:
         proc = bias(repo, "profile", name)
         assert proc.returncode == 2 and proc.stderr.startswith(f"error: {says}"), proc.stderr
