@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -83,17 +84,11 @@ def test_epochs_set_each_sizes_steps_and_augment_false_is_its_own_run():
     assert [(k.task, k.seed, k.train_size) for k in off] == [("natural", 0, t.size)]
     assert off[0].folder.endswith("-noaug") and len({k.folder for k in keys}) == len(keys)
     at = Folders(Path("d"), Path("s"), Path("o"), Path("c"))
-    main, views_off = specs_for("train", [replace_augment(off[0], True), off[0]], at)
+    main, views_off = specs_for("train", [replace(off[0], augment=True), off[0]], at)
     assert at_main_budget(main, params) and not at_main_budget(views_off, params)
     assert training_views(main, params) == {"crop_pad": 2, "flip": True} and training_views(views_off, params) == {}
     assert run_params(params, main)["views"] == {"crop_pad": 2, "flip": True}  # in the run's identity
     assert "views" not in run_params(params, views_off)
-
-
-def replace_augment(key: RunKey, on: bool) -> RunKey:
-    from dataclasses import replace
-
-    return replace(key, augment=on)
 
 
 def test_only_natural_runs_read_the_views():
