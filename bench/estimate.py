@@ -5,8 +5,8 @@
 
 Prices every run the profile's grid lists (tune trials, teachers, train runs: ``pipeline.grid``) with the committed
 study's measured figures per ``<arch>/<task>`` cell (``repro_timing.json``'s ``training.cells``, written by
-``bench.repro_breakdown``): ms per optimizer step, seconds outside the steps, and the share of its cap a run used
-under the criterion. A cell the study lacks takes its architecture's mean, then the study's. Everything is scaled by
+``bench.repro_breakdown``): ms per optimizer step, seconds outside the steps, and how its runs stopped under the
+criterion (the share that ran to the cap, and the step where the others stopped: :func:`expected_steps`). A cell the study lacks takes its architecture's mean, then the study's. Everything is scaled by
 this machine's ViT step time over the study machine's (``--vit-ms``, else measured here: 300 steps of ``bench
 phases``), and a profile of other images, models or batch by its FLOPs per step over the study's (its FLOPs move
 with the tokens, but a CPU's rate per FLOP does not stay put: on the natural slice a swin_local run took 1.7x its
@@ -39,7 +39,24 @@ def cell_figures(cells: dict[str, dict], arch: str, task: str) -> dict:
     if f"{arch}/{task}" in cells:
         return cells[f"{arch}/{task}"]
     same = [v for k, v in cells.items() if k.split("/")[0] == arch] or list(cells.values())
-    return {k: sum(v[k] for v in same) / len(same) for k in ("ms_per_step", "other_s", "cap_share")}
+    out = {k: sum(v[k] for v in same) / len(same) for k in ("ms_per_step", "other_s", "cap_share")}
+    if all("at_cap" in v for v in same):
+        early = [v["early_steps"] for v in same if v.get("early_steps") is not None]
+        out |= {"at_cap": sum(v["at_cap"] for v in same) / len(same),
+                "early_steps": sum(early) / len(early) if early else None}
+    return out
+
+
+def expected_steps(f: dict, steps: int, budget_mode: str) -> float:
+    """A run's expected optimizer steps under ``steps`` (the cap, for the criterion): its cell's capped share runs
+    to the cap and the rest stop where the study's early stops did (at most the cap); a study without those
+    figures scales its mean share of the cap instead, which moves every stop with the cap."""
+    if budget_mode != "criterion":
+        return float(steps)
+    if "at_cap" not in f:
+        return steps * f["cap_share"]
+    early = min(f["early_steps"], steps) if f.get("early_steps") is not None else steps
+    return f["at_cap"] * steps + (1 - f["at_cap"]) * early
 
 
 def flops_scale(params, study) -> dict[str, float]:
@@ -73,10 +90,9 @@ def run_table(params, cells: dict[str, dict], scale: dict[str, float] | None = N
                          ("train", train_specs(params, at))):
         for s in specs:
             f = cell_figures(cells, s.key.arch, s.key.task)
-            share = f["cap_share"] if s.key.budget_mode == "criterion" else 1.0
             step_s = f["ms_per_step"] / 1e3 * (scale or {}).get(s.model, 1.0)
             rows.append({"stage": stage, "arch": s.key.arch, "task": s.key.task,
-                         "expected_s": s.key.steps * share * step_s + f["other_s"],
+                         "expected_s": expected_steps(f, s.key.steps, s.key.budget_mode) * step_s + f["other_s"],
                          "cap_s": s.key.steps * step_s + f["other_s"]})
     return pd.DataFrame(rows)
 

@@ -94,17 +94,23 @@ def stop_savings(runs: pd.DataFrame) -> pd.DataFrame:
 
 def cell_costs(runs: pd.DataFrame) -> dict[str, dict]:
     """Per ``<arch>/<task>`` cell (tune, train and teacher runs together): measured ms per optimizer step, the
-    seconds of a run outside its steps (data, evaluation, validation), and the share of its cap a run used
-    (criterion and plateau stops): what ``python -m bench.estimate`` prices another profile with."""
+    seconds of a run outside its steps (data, evaluation, validation), and how its criterion runs stopped: the
+    share of its cap a run used, the share that ran to the cap, and the mean step of those that stopped before it
+    (a criterion or plateau stop happens at a step, not at a share of the cap: under another cap the early stops
+    stay where they were and the capped runs move with it). What ``python -m bench.estimate`` prices another
+    profile with."""
     r = runs.assign(other_s=runs.run_s - runs.steps_s,
                     share=(runs.optimizer_steps / runs.cap).where(runs["mode"] == "criterion"))
     out = {}
     for (arch, task), g in r.groupby(["arch", "task"]):
-        share = g.share.dropna()
+        crit = g[g["mode"] == "criterion"]
+        early = crit[crit.stop_reason != "cap"].optimizer_steps
         out[f"{arch}/{task}"] = {"runs": len(g), "ms_per_step": round(float(g.steps_s.sum() / g.optimizer_steps.sum()
                                                                              * 1e3), 3),
                                  "other_s": round(float(g.other_s.mean()), 2),
-                                 "cap_share": round(float(share.clip(upper=1).mean()), 3) if len(share) else 1.0}
+                                 "cap_share": round(float(crit.share.clip(upper=1).mean()), 3) if len(crit) else 1.0,
+                                 "at_cap": round(float((crit.stop_reason == "cap").mean()), 3) if len(crit) else 1.0,
+                                 "early_steps": round(float(early.mean()), 1) if len(early) else None}
     return out
 
 

@@ -131,6 +131,28 @@ def test_estimate_prices_every_run_of_a_profile():
     assert "data@natural" not in table.index and "tune" not in table.index
 
 
+def test_early_stops_stay_at_their_step_under_another_cap():
+    # a criterion stop happens at a step: doubling the cap moves only the runs that ran to it
+    import pandas as pd
+
+    from bench.estimate import expected_steps
+    from bench.repro_breakdown import cell_costs
+
+    runs = pd.DataFrame({"arch": "vit", "task": "scale", "mode": ["criterion"] * 4 + ["steps"],
+                         "run_s": 10.0, "steps_s": 8.0, "optimizer_steps": [300, 500, 1500, 1500, 4000],
+                         "cap": [1500, 1500, 1500, 1500, 4000],
+                         "stop_reason": ["criterion", "plateau", "cap", "cap", "cap"]})
+    cell = cell_costs(runs)["vit/scale"]
+    assert cell["at_cap"] == 0.5 and cell["early_steps"] == 400.0 and cell["runs"] == 5
+    assert cell["cap_share"] == round((0.2 + 1 / 3 + 1 + 1) / 4, 3)  # the steps-mode run is not a share of a cap
+    assert expected_steps(cell, 3000, "criterion") == 0.5 * 3000 + 0.5 * 400
+    assert expected_steps(cell, 200, "criterion") == 200  # a cap below the early stops: every run ends at it
+    assert expected_steps(cell, 3000, "steps") == 3000
+    assert expected_steps({"cap_share": 0.25}, 3000, "criterion") == 750  # an older timing file: share of the cap
+    never = cell_costs(runs.assign(stop_reason="cap"))["vit/scale"]
+    assert never["early_steps"] is None and expected_steps(never, 3000, "criterion") == 3000
+
+
 def test_estimate_all_prices_every_committed_profile(capsys, monkeypatch):
     from bench import estimate
 
