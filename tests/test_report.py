@@ -248,6 +248,18 @@ def test_floor_flags_and_markdown_one_way():
     assert markdown.md_table(pd.DataFrame()) == "_not run_"
 
 
+def test_escape_threshold_is_read_against_the_best_one_object_rule():
+    # arrangement: one glyph's cell alone scores 0.848, so a seed at >= 0.9 used both glyphs; a threshold below
+    # such a rule is flagged, and a task without one-object baselines is not listed
+    floors = {"arrangement": {"baselines": {"position_a_alone": {"acc": 0.848}, "position_b_alone": {"acc": 0.84},
+                                            "tokens_bag": {"acc": 0.95}}},
+              "natural": {"baselines": {"raw_pixels": {"acc": 0.37}}}}
+    line = markdown.escape_line(floors, 0.9)
+    assert line == ("Escape threshold 0.9 against each task's best one-object baseline: "
+                    "arrangement 0.848 (position_a_alone; above it).")
+    assert "NOT above it" in markdown.escape_line(floors, 0.8) and markdown.escape_line({}, 0.9) == ""
+
+
 def test_nothing_to_report_is_one_line_error(tmp_path, params_path):
     assert report_stage.main(["--params", str(params_path), "--runs", str(tmp_path / "none"),
                               "--out", str(tmp_path / "r")]) == 2

@@ -46,6 +46,21 @@ def floors_line(floors: dict[str, dict]) -> str:
     return "Shortcut floors (best baseline that does not use the task's factor): " + "; ".join(parts) + "."
 
 
+def escape_line(floors: dict[str, dict], threshold: float) -> str:
+    """Per task, the escape threshold beside its best one-object baseline (``*_alone`` in
+    ``pipeline.shortcuts.OBJECTS``: a rule that reads one object's factor and ignores the other): an escape only
+    shows that a model used more than one object where the threshold lies above that rule."""
+    parts = []
+    for task, rec in sorted(floors.items()):
+        alone = {name: b["acc"] for name, b in rec.get("baselines", {}).items() if name.endswith("_alone")}
+        if alone:
+            name = max(alone, key=alone.get)
+            side = "above it" if threshold > alone[name] else "NOT above it: an escape may read one object only"
+            parts.append(f"{task} {alone[name]:.3f} ({name}; {side})")
+    return (f"Escape threshold {threshold} against each task's best one-object baseline: " + "; ".join(parts) + "."
+            if parts else "")
+
+
 def floor_flags(floors: dict[str, dict], ceiling: float = 1.0, near: float = 0.1) -> list[str]:
     """Tasks whose floor is within ``near`` of the ceiling: they do not measure their factor."""
     return [t for t, r in sorted(floors.items()) if r.get("floor", 0) >= ceiling - near]

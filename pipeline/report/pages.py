@@ -151,6 +151,8 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
     if flags:
         floors += f" Does not measure its factor (floor within 0.1 of the ceiling): {', '.join(flags)}."
     note = CELL_NOTE.format(level=rp.confidence, thr=rp.escape_threshold, min_seeds=rp.min_seeds_bimodal)
+    if escape := markdown.escape_line(inp.floors, rp.escape_threshold):
+        note += f" {escape}"
     paths = {
         "accuracy (every cell)": _table(out, "accuracy", "Test accuracy per cell", f"{note}\n\n{floors}", cell_tab,
                                         markdown.accuracy_matrix(main)),
