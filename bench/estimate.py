@@ -6,7 +6,8 @@
 Prices every run the profile's grid lists (tune trials, teachers, train runs: ``pipeline.grid``) with the committed
 study's measured figures per ``<arch>/<task>`` cell (``repro_timing.json``'s ``training.cells``, written by
 ``bench.repro_breakdown``): ms per optimizer step, seconds outside the steps, and how its runs stopped under the
-criterion (the share that ran to the cap, and the step where the others stopped: :func:`expected_steps`). A cell the study lacks takes its architecture's mean, then the study's. Everything is scaled by
+criterion (the share that ran to the cap, and the step where the others stopped: :func:`expected_steps`). A
+cell the study lacks takes its architecture's mean, then the study's. Everything is scaled by
 this machine's ViT step time over the study machine's (``--vit-ms``, else measured here: 300 steps of ``bench
 phases``), and a profile of other images, models or batch by its FLOPs per step over the study's (its FLOPs move
 with the tokens, but a CPU's rate per FLOP does not stay put: on the natural slice a swin_local run took 1.7x its

@@ -605,6 +605,27 @@ class Evaluation(Section):
     resolution: ResolutionParams
 
 
+class Finetune(Section):
+    """Fine-tuning at another resolution (the ``finetune`` stage, pipeline/finetune.py): each main-grid run of
+    ``tasks`` mapped to ``size`` px by the position contract and trained ``steps`` more steps there; no tasks: off.
+    The run's weight decay, label smoothing, gradient clip and training views come from ``train.recipe`` and
+    the task."""
+
+    tasks: list[TaskName]
+    size: PosInt
+    steps: PosInt
+    lr: PosFloat
+    batch_size: PosInt
+    warmup_steps: NonNegInt
+
+    @model_validator(mode="after")
+    def _warmup(self) -> Finetune:
+        if self.warmup_steps >= self.steps:
+            raise ValueError(f"warmup_steps: {self.warmup_steps} leaves no step after the warm-up of a "
+                             f"{self.steps}-step fine-tuning")
+        return self
+
+
 # --------------------------------------------------------------------------- root
 class Params(Section):
     seed: NonNegInt
@@ -620,19 +641,24 @@ class Params(Section):
     tasks: Tasks
     slice: Slicing
     evaluation: Evaluation
+    finetune: Finetune
 
     @model_validator(mode="after")
     def _resolution_sizes(self) -> Params:
-        """Every evaluated size must keep whole patches for the ViTs and whole merges for Swin."""
-        r, s = self.evaluation.resolution, self.models.swin
+        """Every evaluated (or fine-tuned) size must keep whole patches for the ViTs and whole merges for Swin."""
+        r, s, ft = self.evaluation.resolution, self.models.swin, self.finetune
         step = s.patch_size * 2 ** (len(s.depths) - 1)
-        for size in r.sizes:
+        sizes = [("evaluation.resolution.sizes", size) for size in r.sizes]
+        for key, size in [*sizes, *([("finetune.size", ft.size)] if ft.tasks else [])]:
             if size % self.geometry.patch_size:
-                raise ValueError(f"evaluation.resolution.sizes: {size} is not a multiple of geometry.patch_size "
-                                 f"{self.geometry.patch_size}")
+                raise ValueError(f"{key}: {size} is not a multiple of geometry.patch_size {self.geometry.patch_size}")
             if size % step:
-                raise ValueError(f"evaluation.resolution.sizes: {size} is not a multiple of {step} (Swin patch "
-                                 f"{s.patch_size} and {len(s.depths) - 1} patch mergings)")
+                raise ValueError(f"{key}: {size} is not a multiple of {step} (Swin patch {s.patch_size} and "
+                                 f"{len(s.depths) - 1} patch mergings)")
+        if missing := [x for x in ft.tasks if x not in self.tasks.names]:
+            raise ValueError(f"finetune.tasks: {missing} not in tasks.names {sorted(self.tasks.names)}")
+        if ft.tasks and ft.size == self.geometry.image_size:
+            raise ValueError(f"finetune.size: {ft.size} is the training size geometry.image_size (nothing to map)")
         return self
 
     @model_validator(mode="after")

@@ -44,5 +44,9 @@ INTERFACE_SUMMARY: Shape = {"checks.checked": int, "checks.held": int, "key_numb
 # reports/summary.json (report stage): the ledger's counts, as `bias repro` prints them.
 REPORT_SUMMARY: Shape = {"ledger": dict}
 
+# data/finetune/<arch>/<run>/metrics.json (stages.finetune): one run fine-tuned at another size (or skipped).
+FINETUNE_RESULT: Shape = {"identity": str, "arch": str, "task": str, "seed": int, "run": str, "position": str,
+                          "size": int}
+
 # data/plan/plan.json (stages.plan): the second look, which rows continue on which seeds, which cells train them.
 SEED_PLAN: Shape = {"enabled": bool, "rows": list, "cells": list}

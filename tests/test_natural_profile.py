@@ -22,7 +22,8 @@ SLICE_EDITS = {("models", "param_target"), ("tasks", "natural", "per_class_train
                ("tasks", "natural", "per_class_test"), ("slice",), ("plan",), ("tracking", "experiment_prefix"),
                ("train", "seeds"), ("train", "size"), ("train", "grids"), ("train", "recipe", "steps"),
                ("train", "recipe", "batch_size"), ("train", "recipe", "warmup_steps"), ("train", "runtime"),
-               ("distill", "teacher_size"), ("tune", "lrs")}
+               ("distill", "teacher_size"), ("tune", "lrs"), ("finetune", "steps"), ("finetune", "batch_size"),
+               ("finetune", "warmup_steps")}
 
 
 def _drop(doc: dict, paths: set[tuple[str, ...]]) -> dict:
@@ -89,6 +90,7 @@ def test_a_tiny_cut_of_the_profile_runs_through_bias_profile(tmp_path):
                               "eval_batch_size": 256}},
         "distill": {"teacher_size": 200},
         "tune": {"lrs": [2e-3]},
+        "finetune": {"steps": 4, "batch_size": 16, "warmup_steps": 1},
     }
     params = tiny_repo.merge(raw, tiny)
     params["train"]["archs"] = tiny["train"]["archs"]
@@ -107,6 +109,10 @@ def test_a_tiny_cut_of_the_profile_runs_through_bias_profile(tmp_path):
     assert sorted(views.arch) == ["resnet", "vit"] and (views.seeds == 1).all()
     expected = pd.read_csv(out / "tables" / "expected.csv")
     assert set(expected.arch) >= {"vit", "resnet"} and expected["where"].isin(["inside", "below", "above"]).all()
+    tuned = pd.read_csv(out / "finetune" / "finetune.csv").set_index("arch")  # trained at 32, fine-tuned at 48
+    assert set(tuned.index) == set(archs) and (tuned["size"] == 48).all()
+    assert tuned.loc["vit", "position"] == "learned" and tuned.loc["vit_nopos", "position"] == "none"
+    assert tuned.finetuned.between(0, 1).all() and tuned.eval_only.between(0, 1).all()
     meta = json.loads((repo / ".profiles/natural/data/tasks/natural/meta.json").read_text())
     assert meta["archive"]["path"] == str(archive)  # the profile's copy read the archive the checkout points at
     runs = list((repo / ".profiles/natural/data/runs").rglob("metrics.json"))
