@@ -90,20 +90,21 @@ def _accuracy(model, images: np.ndarray, labels: np.ndarray, batch_size: int) ->
 
 
 def _resized_split(spec: RunSpec, params: Params, size: int):
-    """The run's own training rows, validation and test rows, from their native images resized to ``size``."""
+    """The run's own training rows and the validation rows, from the images it trained on, and the test rows from
+    their native images (as the resolution sweep reads them; CIFAR-10 keeps its 32 px for test rows only), each
+    resized to ``size``."""
     from pipeline.resolution import native_for, resize_images
     from pipeline.split import Split, load_split, training_indices
 
     split, _ = load_split(spec)
     rows = {"fit": training_indices(spec, split, params), "val": split.indices["val"], "test": split.indices["test"]}
     method = params.evaluation.resolution.image_resize
-    parts = {k: resize_images(native_for(spec.key.task, spec.data_dir, idx, split.images[idx]), size, method)
-             for k, idx in rows.items()}
+    test = native_for(spec.key.task, spec.data_dir, rows["test"], split.images[rows["test"]])
+    parts = {k: resize_images(test if k == "test" else split.images[idx], size, method) for k, idx in rows.items()}
     starts = np.cumsum([0, *(len(v) for v in parts.values())])
     indices = {k: np.arange(a, b) for k, a, b in zip(parts, starts[:-1], starts[1:], strict=True)}
     labels = np.concatenate([split.labels[idx] for idx in rows.values()])
-    native = split.images.shape[1]
-    return Split(np.concatenate(list(parts.values())), labels, indices, split.num_classes), native
+    return Split(np.concatenate(list(parts.values())), labels, indices, split.num_classes), split.images.shape[1]
 
 
 def fine_tune(job: Job) -> dict:
@@ -121,7 +122,7 @@ def fine_tune(job: Job) -> dict:
     r, rt = params.train.recipe, params.train.runtime
     L.seed_everything(spec.key.seed, workers=True, verbose=False)
     torch.set_num_threads(rt.threads)
-    big, native = _resized_split(spec, params, ft.size)
+    big, trained_px = _resized_split(spec, params, ft.size)
     trained = read_model(spec.out_dir, spec.model, params, big.num_classes)
     base = {"identity": job.identity, "arch": spec.key.arch, "task": spec.key.task, "seed": spec.key.seed,
             "run": spec.name, "position": position_kind(trained), "size": ft.size,
@@ -133,7 +134,7 @@ def fine_tune(job: Job) -> dict:
     test = big.indices["test"]
     eval_only = _accuracy(model.eval(), big.images[test], big.labels[test], rt.eval_batch_size)
     views = training_views(spec, params)
-    pad = round(views.get("crop_pad", 0) * ft.size / native)  # the same share of the image as in training
+    pad = round(views.get("crop_pad", 0) * ft.size / trained_px)  # the same share of the image as in training
     module = Classifier(model.train(), lr=ft.lr, weight_decay=r.weight_decay, warmup_steps=ft.warmup_steps,
                         total_steps=ft.steps, min_lr_ratio=0.0, label_smoothing=r.label_smoothing, crop_pad=pad,
                         flip=views.get("flip", False), seed=spec.key.seed)
@@ -207,4 +208,4 @@ def markdown(tab: pd.DataFrame, params: Params) -> str:
             f"warm-up steps, cosine to 0; the recipe's weight decay, label smoothing and gradient clip; the task's "
             f"views, if any, scaled to the size) and scored again. Seed means with {level:.0%} Student-t "
             "intervals over seeds; the gain is fine-tuned minus evaluated only, per seed.\n\n")
-    return head + text + (view.to_markdown(index=False) if not view.empty else "_no run_") + "\n"
+    return head + text + (view.to_markdown(index=False, disable_numparse=True) if not view.empty else "_no run_") + "\n"
