@@ -157,7 +157,7 @@ def table(results: list[dict], trained_acc: dict[str, float], level: float) -> p
     """Per (task, arch): seeds, position code, test accuracy at the training size (``trained_acc``: run name ->
     its recorded test accuracy), evaluation only at ``size`` and after fine-tuning there, with Student-t
     intervals over seeds, and the fine-tuning gain over evaluation only."""
-    from pipeline.report.cells import seed_accuracy
+    from pipeline.report.stats import seed_interval
 
     cols = ["task", "arch", "position", "seeds", "size", "trained", "trained_lo", "trained_hi", "eval_only",
             "eval_only_lo", "eval_only_hi", "finetuned", "finetuned_lo", "finetuned_hi", "gain", "gain_lo",
@@ -174,9 +174,9 @@ def table(results: list[dict], trained_acc: dict[str, float], level: float) -> p
         per_seed = {"trained": g.run.map(trained_acc).to_numpy(float), "eval_only": g.eval_only_acc.to_numpy(float),
                     "finetuned": g.finetuned_acc.to_numpy(float)}
         per_seed["gain"] = per_seed["finetuned"] - per_seed["eval_only"]
-        for name, values in per_seed.items():
-            acc = seed_accuracy(values, level)
-            row |= {name: acc["mean"], f"{name}_lo": acc["ci_lo"], f"{name}_hi": acc["ci_hi"]}
+        for name, values in per_seed.items():  # accuracies stay in [0, 1], the gain (a difference) in [-1, 1]
+            b = seed_interval(values, level, bounds=(-1.0, 1.0) if name == "gain" else (0.0, 1.0))
+            row |= {name: b["estimate"], f"{name}_lo": b["ci_lo"], f"{name}_hi": b["ci_hi"]}
         rows.append(row)
     return pd.DataFrame(rows, columns=cols)
 

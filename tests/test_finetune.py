@@ -86,6 +86,9 @@ def test_table_pairs_seeds_and_marks_skipped_families():
     assert tab.loc["vit", "seeds"] == 2 and tab.loc["vit", "gain"] == pytest.approx(0.21)
     assert tab.loc["vit", "trained"] == pytest.approx(0.81) and tab.loc["vit", "gain_lo"] < 0.21
     assert tab.loc["mixer", "skipped"] == "a fixed token grid"
+    worse = [{**r, "finetuned_acc": r["eval_only_acc"] - 0.01 * (i + 1)} for i, r in enumerate(rows[:2])]
+    worse = finetune.table(worse, {}, 0.95).set_index("arch")
+    assert worse.loc["vit", "gain"] == pytest.approx(-0.015) and worse.loc["vit", "gain_lo"] < -0.015 < 0  # not clipped
     assert finetune.table([], {}, 0.95).empty
 
 
