@@ -24,8 +24,9 @@ import numpy as np
 import pandas as pd
 
 from pipeline.config import Params
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, StageError
 from pipeline.grid import Folders, RunSpec, at_main_budget, specs_for, train_keys, training_views
+from pipeline.io import read_json, sha256_file
 
 RESULT = "metrics.json"
 
@@ -49,7 +50,7 @@ def specs(params: Params, at: Folders) -> list[RunSpec]:
 
 def identity(spec: RunSpec, params: Params) -> str:
     """What a finished result must match to be kept: the trained weights' bytes and the fine-tuning settings."""
-    weights = hashlib.sha256((spec.out_dir / "weights.pt").read_bytes()).hexdigest()
+    weights = sha256_file(spec.out_dir / "weights.pt")
     settings = {"finetune": params.finetune.model_dump(), "recipe": params.train.recipe.model_dump(),
                 "resize": params.evaluation.resolution.model_dump(), "runtime": params.train.runtime.precision}
     return hashlib.sha256(json.dumps([weights, settings], sort_keys=True).encode()).hexdigest()[:16]
@@ -57,8 +58,6 @@ def identity(spec: RunSpec, params: Params) -> str:
 
 def jobs(params: Params, at: Folders, out: Path) -> list[Job]:
     """A :class:`Job` per run of :func:`specs`; a run without weights is a one-line error naming the file."""
-    from pipeline.errors import StageError
-
     out_jobs = []
     for s in specs(params, at):
         if not (s.out_dir / "weights.pt").exists():
@@ -69,8 +68,6 @@ def jobs(params: Params, at: Folders, out: Path) -> list[Job]:
 
 def finished(job: Job) -> dict | None:
     """The job's result if it was written for this identity (an interrupted stage resumes at the next run)."""
-    from pipeline.errors import StageError
-    from pipeline.io import read_json
     from pipeline.schemas import FINETUNE_RESULT
 
     path = job.out_dir / RESULT
