@@ -490,6 +490,10 @@ class RelationParams(SyntheticParams):
     num_colours: Annotated[int, Field(ge=3, le=8)]  # K; the relation is colour(B) = colour(A) +- 1 mod K
     mark_size: PosInt  # px of colour inside a 1 px frame: a mark is mark_size + 2 px wide
     clutter: NonNegInt  # distractor marks (dark-grey frames, random colours)
+    # share of twin pairs whose two marks lie in one aligned near_block x near_block block of patch cells
+    # (one Swin window: checked against models.swin); the rest at a uniform distance as before
+    near_fraction: Annotated[float, Field(ge=0, le=1)]
+    near_block: Annotated[int, Field(ge=2)]  # patch cells per block side
 
     @model_validator(mode="after")
     def _even(self) -> RelationParams:
@@ -770,6 +774,8 @@ class Params(Section):
             (sc.max_size > h, "tasks.scale.max_size", f"{sc.max_size} px does not fit a {h} px image"),
             (r.mark_size + 2 > p, "tasks.relation.mark_size",
              f"{r.mark_size} px + a 1 px frame on each side does not fit a {p} px patch cell"),
+            (r.near_fraction > 0 and g.grid % r.near_block > 0, "tasks.relation.near_block",
+             f"{r.near_block} cells do not divide the {g.grid} x {g.grid} cell grid"),
             (2 + r.clutter > g.grid**2, "tasks.relation.clutter",
              f"2 marks + {r.clutter} distractors exceed the {g.grid ** 2} patch cells"),
             (g.grid < 2, "geometry.image_size", f"relation/arrangement need at least 2x2 patch cells, got {h}/{p}"),
@@ -816,6 +822,12 @@ class Params(Section):
                     f"models.swin.window_size: {s.window_size} does not divide stage {i}'s grid {res} "
                     "(timm would pad it)"
                 )
+        r = self.tasks.relation
+        if r.near_fraction and r.near_block * g.patch_size != s.patch_size * s.window_size:
+            raise ValueError(
+                f"tasks.relation.near_block: {r.near_block} cells of {g.patch_size} px are not one Swin window "
+                f"({s.window_size} x {s.patch_size} px), so 'near' would not mean 'in one window'"
+            )
         if not any(res > s.window_size and d >= 2 for res, d in zip(stage_grids, s.depths, strict=True)):
             raise ValueError(
                 f"models.swin.window_size: {s.window_size} leaves no block with a shifted window "

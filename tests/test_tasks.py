@@ -20,7 +20,7 @@ from pipeline.stages import generate as gen_stage
 from pipeline.tasks import TASKS
 from pipeline.tasks.common import TaskData, image_to_cells
 from pipeline.tasks.natural import CLASSES, read_cifar10, resize
-from pipeline.tasks.relation import PALETTE, window_factors
+from pipeline.tasks.relation import PALETTE, near_pairs, window_factors
 
 SYNTHETIC = [name for name in TASKS if name != "natural"]  # every generated task: a new one is tested too
 REPO = tiny_repo.repo_params()
@@ -184,7 +184,7 @@ def _frames(images: np.ndarray, level: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_relation_distance_and_label_read_back_from_pixels():
-    d = make("relation", n=1000)
+    d = make("relation", n=1000, near_fraction=0)
     f = d.factors
     ya, xa = _frames(d.images, 255)
     yb, xb = _frames(d.images, 128)
@@ -225,6 +225,26 @@ def test_relation_no_local_or_global_statistic_gives_the_label_away():
     assert (f["colour_a"] != f["colour_b"]).all()
 
 
+def test_relation_near_pairs_share_one_swin_window_and_leave_the_rest_as_they_were():
+    far = make("relation", n=4000, near_fraction=0)
+    d = make("relation", n=4000, near_fraction=0.5, near_block=2)
+    window = window_factors(d.factors, window_px=2 * GEO.patch_size, image_size=GEO.image_size)["window"]
+    baseline = window_factors(far.factors, window_px=2 * GEO.patch_size, image_size=GEO.image_size)["window"]
+    share, base = (window == "same").mean(), (baseline == "same").mean()
+    assert 0.15 < base < 0.25  # 48 of the 240 ordered cell pairs of a 4 x 4 grid share a 2 x 2 block
+    assert abs(share - (0.5 + 0.5 * base)) < 0.04, (share, base)
+    # The marks read back from the pixels are where the factors say, and the labels stay balanced per twin.
+    ya, xa = _frames(d.images, 255)
+    np.testing.assert_array_equal(ya, d.factors["ya"])
+    np.testing.assert_array_equal(xa, d.factors["xa"])
+    assert (d.labels[0::2] != d.labels[1::2]).all()
+    # Every block and every ordered pair inside a block is drawn.
+    rng = np.random.default_rng(0)
+    a, b = near_pairs(4, 2, 20000, rng)
+    assert (a != b).all() and (a // 4 // 2 == b // 4 // 2).all() and (a % 4 // 2 == b % 4 // 2).all()
+    assert len(set(zip(a.tolist(), b.tolist(), strict=True))) == 4 * 4 * 3
+
+
 def test_window_factors():
     import pandas as pd
 
@@ -262,6 +282,10 @@ def test_arrangement_twins_are_the_same_multiset_of_patches():
     ({"tasks": {"relation": {"mark_size": 3}}}, "tasks.relation.mark_size"),
     ({"tasks": {"relation": {"n": 101}}}, "tasks.relation.n"),
     ({"tasks": {"relation": {"num_colours": 2}}}, "tasks.relation.num_colours"),
+    ({"tasks": {"relation": {"near_fraction": 1.5}}}, "tasks.relation.near_fraction"),
+    ({"tasks": {"relation": {"near_fraction": 0.5, "near_block": 3}}}, "tasks.relation.near_block"),
+    ({"tasks": {"relation": {"near_fraction": 0.5}}, "models": {"swin": {"window_size": 2, "depths": [2, 2]}}},
+     "tasks.relation.near_block"),
     ({"tasks": {"arrangement": {"glyph_size": 5}}}, "tasks.arrangement.glyph_size"),
     ({"tasks": {"names": ["alignment", "mnist"]}}, "tasks.names"),
     ({"tasks": {"natural": {"colour": 1}}}, "tasks.natural.colour"),

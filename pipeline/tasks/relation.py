@@ -13,8 +13,10 @@ share everything (positions, distractors, noise) except that A's and B's colours
 the label: per twin the colour histogram is identical, and each mark's colour is uniform in both classes.
 
 The designated pair is drawn at a controlled Chebyshev distance in patch cells (uniform over the possible
-distances ``1..G-1``, then uniform over the cell pairs at that distance); marks jitter inside their cell
-when ``mark_size + 2 < P``. Window membership depends on the model (Swin window in px), so it is derived
+distances ``1..G-1``, then uniform over the cell pairs at that distance), except a ``near_fraction`` share
+of pairs drawn inside one aligned ``near_block`` x ``near_block`` block of cells (one Swin window: a model
+whose windows never meet sees the relation there, and only there); marks jitter inside their cell when
+``mark_size + 2 < P``. Window membership depends on the model (Swin window in px), so it is derived
 at slice time by :func:`window_factors`.
 
 Shortcuts (pipeline/shortcuts.py): global counts are exactly at chance on whole twin pairs, and so is each
@@ -50,6 +52,20 @@ def cell_pairs(grid: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     dist = np.maximum(np.abs(i // grid - j // grid), np.abs(i % grid - j % grid))
     order = np.argsort(dist, kind="stable")
     return i[order], j[order], dist[order]
+
+
+def near_pairs(grid: int, block: int, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """n ordered pairs of distinct cells inside one aligned block x block block of a grid x grid layout,
+    uniform over blocks and over the ordered pairs in a block. Returns (a, b), each (n,) cell indices."""
+    per_side, k = grid // block, block * block
+    which = rng.integers(0, per_side * per_side, n)
+    a = rng.integers(0, k, n)
+    b = (a + 1 + rng.integers(0, k - 1, n)) % k  # any other cell of the block
+
+    def cell(i: np.ndarray) -> np.ndarray:
+        return ((which // per_side) * block + i // block) * grid + (which % per_side) * block + i % block
+
+    return cell(a), cell(b)
 
 
 def _paint(has: np.ndarray, frame: np.ndarray, content: np.ndarray, jit: np.ndarray, p: int, g: int, mark: int,
@@ -93,7 +109,12 @@ def generate(n: int, seed: int, geometry: Geometry, cfg: RelationParams) -> Task
     dvals, starts, counts = np.unique(pd_, return_index=True, return_counts=True)
     pick = rng.integers(0, len(dvals), m)
     chosen = starts[pick] + rng.integers(0, counts[pick])
-    ca, cb, dist = pi[chosen], pj[chosen], pd_[chosen]
+    ca, cb = pi[chosen], pj[chosen]
+    if cfg.near_fraction:  # some pairs inside one block (no extra draws at 0: the same pool as before)
+        near = rng.random(m) < cfg.near_fraction
+        na, nb = near_pairs(g, cfg.near_block, int(near.sum()), rng)
+        ca[near], cb[near] = na, nb
+    dist = np.maximum(np.abs(ca // g - cb // g), np.abs(ca % g - cb % g))
     keys = rng.random((m, g * g))
     keys[ar, ca] = keys[ar, cb] = 2.0  # never pick the designated cells for distractors
     dcells = np.argsort(keys, axis=1)[:, : cfg.clutter]  # (m, clutter)
