@@ -120,6 +120,18 @@ def decided(summary: dict) -> tuple[int, int]:
     return int(informative.get("paired", 0)), int(sum(informative.values()))
 
 
+def profile_row(name: str, timing: dict) -> dict:
+    """One profile's repro in the figures that carry across machines: its minutes beside its machine's ViT step
+    time (``--phases``), and worker-minutes of training per informative paired row."""
+    t, d = timing["training"], timing.get("per_decision", {})
+    steps = timing.get("machine_steps_s")
+    vit_ms = steps["s"]["vit"] / steps["steps"] * 1e3 if steps and "vit" in steps.get("s", {}) else float("nan")
+    per = d.get("worker_min_per_paired")
+    return {"profile": name, "dvc_repro_min": timing["total"] / 60, "vit_ms_per_step": vit_ms, "runs": t["runs"],
+            "training_worker_min": t["worker_s"] / 60, "informative_paired": d.get("informative_paired", 0),
+            "worker_min_per_informative_paired": per if per is not None else float("nan")}
+
+
 def breakdown(times: dict[str, float], runs: pd.DataFrame, workers: int, cpu: dict[str, float]) -> pd.DataFrame:
     per_stage = runs.groupby("stage").agg(runs=("fit_s", "size"), run_s=("run_s", "sum"), fit_s=("fit_s", "sum"),
                                           steps_s=("steps_s", "sum"))
@@ -140,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--phases", action="store_true",
                     help="also time 1000 training steps of vit, swin and resnet here (bench phases), so another "
                          "machine's repro can be compared with this one; run it on the repro's machine")
+    ap.add_argument("--compare", nargs="*", default=[], metavar="NAME=TIMING",
+                    help="other profiles' repro_timing.json, tabled beside this one (e.g. quick=reports/quick/"
+                         "repro_timing.json)")
     args = ap.parse_args(argv)
     times, total = stage_times(args.log)
     attempts = len(args.log)
@@ -172,6 +187,13 @@ def main(argv: list[str] | None = None) -> int:
     timing["per_decision"] = {"informative_paired": paired, "informative": every,
                               "worker_min_per_paired": t["worker_s"] / 60 / paired if paired else None}
     write_json(args.out / "repro_timing.json", timing)
+    others = []
+    for item in args.compare:
+        name, _, path = item.partition("=")
+        if not path or not Path(path).is_file():
+            raise SystemExit(f"--compare {item!r}: expected NAME=path/to/repro_timing.json (an existing file)")
+        others.append(profile_row(name, json.loads(Path(path).read_text())))
+    profiles = pd.DataFrame([profile_row("this repro", timing), *others])
     per_row = (f"**{t['worker_s'] / 60 / paired:.1f} worker-minutes of the training stages per informative paired "
                f"ledger row** ({t['worker_s'] / 60:.1f} worker-minutes, {paired} informative paired rows; "
                f"{t['worker_s'] / 60 / every:.1f} per informative row of any kind, {every} rows)"
@@ -200,6 +222,12 @@ def main(argv: list[str] | None = None) -> int:
         f"per step) saved {saved:.1f} worker-minutes of optimizer steps against {spent:.1f} spent.", "",
         savings.reset_index().to_markdown(index=False, floatfmt=".1f"), "",
     ]
+    if others:
+        lines += ["## Profiles", "",
+                  "Each profile's own repro: minutes of `dvc repro` beside the ViT step time of the machine it ran on "
+                  "(`--phases`; minutes scale with it), and worker-minutes of training per informative paired row. "
+                  "The seeds each row received are in each report's `tables/seeds.md`.", "",
+                  profiles.to_markdown(index=False, floatfmt=".1f"), ""]
     write_text(args.out / "repro_breakdown.md", "\n".join(lines))
     print(f"{total / 60:.1f} min total; wrote {args.out / 'repro_timing.json'} and {args.out / 'repro_breakdown.md'}")
     return 0

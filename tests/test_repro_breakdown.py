@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from bench import repro_breakdown
 
 LOG = """\
@@ -63,6 +65,19 @@ def test_cost_per_decided_question_and_what_stops_saved(tmp_path):
     # the train stage's 57 s of wall time on 2 workers: 1.9 worker-minutes over 3 informative paired rows
     assert "**0.6 worker-minutes of the training stages per informative paired ledger row**" in text
     assert "saved 1.0 worker-minutes of optimizer steps against 1.5 spent" in text
+    # another profile's repro beside this one, in the figures that carry across machines
+    quick = {"total": 1200.0, "machine_steps_s": {"steps": 1000, "s": {"vit": 20.0}},
+             "training": {"runs": 50, "worker_s": 600.0}, "per_decision": {"informative_paired": 2,
+                                                                            "worker_min_per_paired": 5.0}}
+    (tmp_path / "quick.json").write_text(json.dumps(quick))
+    out = ["--log", str(log), "--repo", str(tmp_path), "--out", str(tmp_path / "out")]
+    assert repro_breakdown.main([*out, "--compare", f"quick={tmp_path / 'quick.json'}"]) == 0
+    table = (tmp_path / "out/repro_breakdown.md").read_text().split("## Profiles")[1]
+    row = next(line for line in table.splitlines() if line.startswith("| quick"))
+    assert [c.strip() for c in row.split("|")[2:8]] == ["20.0", "20.0", "50", "10.0", "2", "5.0"]
+    assert "| this repro" in table
+    with pytest.raises(SystemExit, match="--compare 'quick'"):
+        repro_breakdown.main([*out, "--compare", "quick"])
 
 
 def test_quick_profile_is_estimated_from_its_own_machine_figures():
