@@ -114,6 +114,22 @@ def cell_costs(runs: pd.DataFrame) -> dict[str, dict]:
     return out
 
 
+def cost_by_cell(runs: pd.DataFrame, ledger: pd.DataFrame) -> pd.DataFrame:
+    """Per ``(arch, task)`` cell: its runs' worker-minutes (tune, train and second look together), the paired and
+    floor ledger rows it is an arm of, and how many of those are informative (decided or underpowered, not
+    "uninformative" or "not run"). A cell with no informative row is paid for only by a figure or by nothing."""
+    rows = ledger[ledger.kind.isin(["paired", "floor"])]
+    arms = pd.concat([rows.assign(arch=rows.a), rows.assign(arch=rows.b)])
+    arms = arms.assign(informative=~arms.verdict.astype(str).str.startswith(("uninformative", "not run")))
+    read = arms.groupby(["arch", "task"]).agg(rows=("id", "size"), informative_rows=("informative", "sum"))
+    cost = runs.dropna(subset=["task"]).groupby(["arch", "task"]).agg(runs=("run_s", "size"),
+                                                                      worker_min=("run_s", "sum"))
+    cost["worker_min"] /= 60
+    table = cost.join(read, how="left").fillna({"rows": 0, "informative_rows": 0}).astype(
+        {"rows": int, "informative_rows": int})
+    return table.sort_values("worker_min", ascending=False)
+
+
 def decided(summary: dict) -> tuple[int, int]:
     """(informative paired ledger rows, informative rows of every kind) from a report's ``summary.json``."""
     informative = summary.get("informative", {})
@@ -187,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     timing["per_decision"] = {"informative_paired": paired, "informative": every,
                               "worker_min_per_paired": t["worker_s"] / 60 / paired if paired else None}
     write_json(args.out / "repro_timing.json", timing)
+    ledger_path = args.repo / "reports" / "tables" / "ledger.csv"
+    by_cell = cost_by_cell(runs, pd.read_csv(ledger_path)) if ledger_path.exists() else None
     others = []
     for item in args.compare:
         name, _, path = item.partition("=")
@@ -222,6 +240,15 @@ def main(argv: list[str] | None = None) -> int:
         f"per step) saved {saved:.1f} worker-minutes of optimizer steps against {spent:.1f} spent.", "",
         savings.reset_index().to_markdown(index=False, floatfmt=".1f"), "",
     ]
+    if by_cell is not None:
+        idle = by_cell[by_cell.informative_rows == 0]
+        lines += ["## Cost by cell", "",
+                  f"Each (arch, task) cell's runs in worker-minutes inside the runs (`measured.run_s`; tune, train "
+                  f"and the second look), beside the paired and floor ledger rows it is an arm of and how many of "
+                  f"those are informative. Cells with no informative row: {len(idle)}, "
+                  f"{idle.worker_min.sum():.1f} of {by_cell.worker_min.sum():.1f} worker-minutes (a figure may "
+                  f"still read them).", "",
+                  by_cell.reset_index().to_markdown(index=False, floatfmt=".1f"), ""]
     if others:
         lines += ["## Profiles", "",
                   "Each profile's own repro: minutes of `dvc repro` beside the ViT step time of the machine it ran on "

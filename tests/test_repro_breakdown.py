@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from bench import repro_breakdown
@@ -21,7 +22,8 @@ LOG = """\
 def run(tmp, arch, run_s, fit, steps, under="runs", cap=400, stop="cap"):
     folder = tmp / "data" / under / arch / "alignment/n1-t1-s0-d0"
     folder.mkdir(parents=True)
-    (folder / "metrics.json").write_text(json.dumps({"arch": arch, "teacher": None, "budget": {"optimizer_steps": 400},
+    (folder / "metrics.json").write_text(json.dumps({"arch": arch, "task": "alignment", "teacher": None,
+                                                     "budget": {"optimizer_steps": 400},
                                                      "steps": cap, "stop_reason": stop,
                                                      "measured": {"run_s": run_s, "phases_s": {"fit": fit,
                                                                                                "steps": steps}}}))
@@ -65,6 +67,15 @@ def test_cost_per_decided_question_and_what_stops_saved(tmp_path):
     # the train stage's 57 s of wall time on 2 workers: 1.9 worker-minutes over 3 informative paired rows
     assert "**0.6 worker-minutes of the training stages per informative paired ledger row**" in text
     assert "saved 1.0 worker-minutes of optimizer steps against 1.5 spent" in text
+    # cost by cell: vit feeds one informative row, resnet only an uninformative one
+    (tmp_path / "reports/tables").mkdir()
+    pd.DataFrame({"id": ["p.alignment", "f.alignment", "x.alignment"], "kind": ["paired", "floor", "exact"],
+                  "task": "alignment", "a": ["vit", "resnet", "vit"], "b": ["resnet", "floor", ""],
+                  "verdict": ["held", "uninformative", "held"]}).to_csv(tmp_path / "reports/tables/ledger.csv")
+    by_cell = repro_breakdown.cost_by_cell(repro_breakdown.run_rows(tmp_path),
+                                           pd.read_csv(tmp_path / "reports/tables/ledger.csv"))
+    assert by_cell.loc[("vit", "alignment")].tolist() == [1, 50 / 60, 1, 1]
+    assert by_cell.loc[("resnet", "alignment")].tolist() == [1, 1.0, 2, 1]  # the paired row and its floor row
     # another profile's repro beside this one, in the figures that carry across machines
     quick = {"total": 1200.0, "machine_steps_s": {"steps": 1000, "s": {"vit": 20.0}},
              "training": {"runs": 50, "worker_s": 600.0}, "per_decision": {"informative_paired": 2,
