@@ -822,16 +822,21 @@ class Params(Section):
                     f"models.swin.window_size: {s.window_size} does not divide stage {i}'s grid {res} "
                     "(timm would pad it)"
                 )
-        r = self.tasks.relation
-        if r.near_fraction and r.near_block * g.patch_size != s.patch_size * s.window_size:
-            raise ValueError(
-                f"tasks.relation.near_block: {r.near_block} cells of {g.patch_size} px are not one Swin window "
-                f"({s.window_size} x {s.patch_size} px), so 'near' would not mean 'in one window'"
-            )
         if not any(res > s.window_size and d >= 2 for res, d in zip(stage_grids, s.depths, strict=True)):
             raise ValueError(
                 f"models.swin.window_size: {s.window_size} leaves no block with a shifted window "
                 f"(stage grids {stage_grids}, depths {s.depths}): swin would equal swin_noshift"
+            )
+        # after the model's own checks: a bad window is reported as such, not as the task's block
+        r = self.tasks.relation
+        window_px = s.patch_size * s.window_size
+        if r.near_fraction and r.near_block * g.patch_size != window_px:
+            fix = (f"set it to {window_px // g.patch_size} (or near_fraction to 0)"
+                   if window_px % g.patch_size == 0 and window_px // g.patch_size >= 2
+                   else f"set near_fraction to 0 (a {window_px} px window holds no block of 2 x 2 cells)")
+            raise ValueError(
+                f"tasks.relation.near_block: {r.near_block} cells of {g.patch_size} px are not one Swin window "
+                f"({s.window_size} x {s.patch_size} px), so 'near' would not mean 'in one window': {fix}"
             )
         return self
 
