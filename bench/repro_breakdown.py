@@ -211,7 +211,6 @@ def main(argv: list[str] | None = None) -> int:
         if not path or not Path(path).is_file():
             raise SystemExit(f"--compare {item!r}: expected NAME=path/to/repro_timing.json (an existing file)")
         others.append(profile_row(name, json.loads(Path(path).read_text())))
-    profiles = pd.DataFrame([profile_row("this repro", timing), *others])
     per_row = (f"**{t['worker_s'] / 60 / paired:.1f} worker-minutes of the training stages per informative paired "
                f"ledger row** ({t['worker_s'] / 60:.1f} worker-minutes, {paired} informative paired rows; "
                f"{t['worker_s'] / 60 / every:.1f} per informative row of any kind, {every} rows)"
@@ -254,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
                   "Each profile's own repro: minutes of `dvc repro` beside the ViT step time of the machine it ran on "
                   "(`--phases`; minutes scale with it), and worker-minutes of training per informative paired row. "
                   "The seeds each row received are in each report's `tables/seeds.md`.", "",
-                  profiles.to_markdown(index=False, floatfmt=".1f"), ""]
+                  pd.DataFrame([profile_row("this repro", timing), *others]).to_markdown(index=False,
+                                                                                        floatfmt=".1f"), ""]
     write_text(args.out / "repro_breakdown.md", "\n".join(lines))
     print(f"{total / 60:.1f} min total; wrote {args.out / 'repro_timing.json'} and {args.out / 'repro_breakdown.md'}")
     return 0
