@@ -42,6 +42,11 @@ PALETTE = np.array([[230, 25, 75], [60, 180, 75], [0, 130, 200], [255, 225, 25],
 FRAME_A, FRAME_B, FRAME_DISTRACTOR = 255, 128, 64  # grey levels, identical in every class
 
 
+def chebyshev(a: np.ndarray, b: np.ndarray, grid: int) -> np.ndarray:
+    """Chebyshev distance in cells between cell indices a and b (row * grid + column)."""
+    return np.maximum(np.abs(a // grid - b // grid), np.abs(a % grid - b % grid))
+
+
 def cell_pairs(grid: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """All ordered pairs of distinct cells (i, j) in a grid x grid layout, sorted by Chebyshev distance.
 
@@ -49,7 +54,7 @@ def cell_pairs(grid: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """
     i, j = np.meshgrid(np.arange(grid * grid), np.arange(grid * grid), indexing="ij")
     i, j = i[i != j], j[i != j]
-    dist = np.maximum(np.abs(i // grid - j // grid), np.abs(i % grid - j % grid))
+    dist = chebyshev(i, j, grid)
     order = np.argsort(dist, kind="stable")
     return i[order], j[order], dist[order]
 
@@ -114,7 +119,7 @@ def generate(n: int, seed: int, geometry: Geometry, cfg: RelationParams) -> Task
         near = rng.random(m) < cfg.near_fraction
         na, nb = near_pairs(g, cfg.near_block, int(near.sum()), rng)
         ca[near], cb[near] = na, nb
-    dist = np.maximum(np.abs(ca // g - cb // g), np.abs(ca % g - cb % g))
+    dist = chebyshev(ca, cb, g)
     keys = rng.random((m, g * g))
     keys[ar, ca] = keys[ar, cb] = 2.0  # never pick the designated cells for distractors
     dcells = np.argsort(keys, axis=1)[:, : cfg.clutter]  # (m, clutter)
