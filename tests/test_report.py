@@ -188,7 +188,9 @@ def test_floor_rows_and_budget_pairs(tmp_path, params_path):
     archs = {**params.train.archs, "swin_local": ArchEntry(models="swin", tasks=["relation"]),
              "swin": ArchEntry(models="swin", tasks=["relation"]),
              "nomix": ArchEntry(models="vit", tasks=["relation"])}
-    params = params.model_copy(update={"train": params.train.model_copy(update={"archs": archs})})
+    # the four seeds written above (the committed first look has three)
+    train = params.train.model_copy(update={"archs": archs, "seeds": [0, 1, 2, 3]})
+    params = params.model_copy(update={"train": train})
     records = sources.read_metrics(tmp_path / "runs", "runs")
     inp = pages.load(params, records, tmp_path / "tasks", tmp_path / "slices", tmp_path / "shortcuts", None, {})
     led = ledger.judge(params, inp.runs, inp.items, inp.floors, {}, 0).set_index("id")
