@@ -130,6 +130,17 @@ def cost_by_cell(runs: pd.DataFrame, ledger: pd.DataFrame) -> pd.DataFrame:
     return table.sort_values("worker_min", ascending=False)
 
 
+def seeds_by_row(ledger: pd.DataFrame) -> pd.DataFrame:
+    """The seeds each paired and floor ledger row was judged on, the look that judged it (2: the plan continued
+    it) and its verdict, with what its power calculation still asks for where it stayed underpowered."""
+    rows = ledger[ledger.kind.isin(["paired", "floor"])]
+    cols = [c for c in ["id", "verdict", "seeds", "look", "needs_seeds"] if c in rows]
+    table = rows[cols].copy()
+    if "needs_seeds" in table:
+        table["needs_seeds"] = table.needs_seeds.where(table.verdict == "underpowered")
+    return table.reset_index(drop=True)
+
+
 def decided(summary: dict) -> tuple[int, int]:
     """(informative paired ledger rows, informative rows of every kind) from a report's ``summary.json``."""
     informative = summary.get("informative", {})
@@ -248,6 +259,18 @@ def main(argv: list[str] | None = None) -> int:
                   f"{idle.worker_min.sum():.1f} of {by_cell.worker_min.sum():.1f} worker-minutes (a figure may "
                   f"still read them).", "",
                   by_cell.reset_index().to_markdown(index=False, floatfmt=".1f"), ""]
+    if ledger_path.exists():
+        seeds = seeds_by_row(pd.read_csv(ledger_path))
+        looks = seeds.look.value_counts().to_dict() if "look" in seeds else {}
+        by_stage = table.worker_s.to_dict()
+        first = sum(by_stage.get(s, 0.0) for s in ("teacher", "tune", "train")) / 60
+        lines += ["## Seeds per row", "",
+                  f"The seeds each paired and floor row was judged on: {looks.get(1, 0)} rows at the first look, "
+                  f"{looks.get(2, 0)} continued by the plan to a second (docs/design.md §4, sequential seeds). The "
+                  f"first look (teacher, tune, train) took {first:.1f} worker-minutes of the stages, the second "
+                  f"(`train_more`) {by_stage.get('train_more', 0.0) / 60:.1f}. `needs_seeds`: what the power "
+                  f"calculation asks for where a row stayed underpowered.", "",
+                  seeds.to_markdown(index=False, floatfmt=".0f"), ""]
     if others:
         lines += ["## Profiles", "",
                   "Each profile's own repro: minutes of `dvc repro` beside the ViT step time of the machine it ran on "

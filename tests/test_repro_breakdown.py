@@ -76,6 +76,18 @@ def test_cost_per_decided_question_and_what_stops_saved(tmp_path):
                                            pd.read_csv(tmp_path / "reports/tables/ledger.csv"))
     assert by_cell.loc[("vit", "alignment")].tolist() == [1, 50 / 60, 1, 1]
     assert by_cell.loc[("resnet", "alignment")].tolist() == [1, 1.0, 2, 1]  # the paired row and its floor row
+    # the seeds each row was judged on, and what an underpowered one still needs
+    ledger = pd.DataFrame({"id": ["p", "q", "f", "x"], "kind": ["paired", "paired", "floor", "exact"],
+                           "task": "alignment", "a": "vit", "b": ["resnet", "resnet", "floor", ""],
+                           "verdict": ["held", "underpowered", "held", "held"], "seeds": [3, 12, 3, 3],
+                           "look": [1, 2, 1, 1], "needs_seeds": ["", "40", "", ""]})
+    seeds = repro_breakdown.seeds_by_row(ledger)
+    assert seeds.id.tolist() == ["p", "q", "f"] and seeds.seeds.tolist() == [3, 12, 3]
+    assert seeds.needs_seeds.isna().tolist() == [True, False, True] and seeds.needs_seeds[1] == "40"
+    ledger.to_csv(tmp_path / "reports/tables/ledger.csv", index=False)
+    assert repro_breakdown.main(["--log", str(log), "--repo", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    section = (tmp_path / "out/repro_breakdown.md").read_text().split("## Seeds per row")[1]
+    assert "2 rows at the first look, 1 continued by the plan to a second" in section and "| q " in section
     # another profile's repro beside this one, in the figures that carry across machines
     quick = {"total": 1200.0, "machine_steps_s": {"steps": 1000, "s": {"vit": 20.0}},
              "training": {"runs": 50, "worker_s": 600.0}, "per_decision": {"informative_paired": 2,
