@@ -237,6 +237,7 @@ def test_learned_arms_are_decided_in_one_family():
     assert row.p_holm == pytest.approx(min(1.0, 2 * row.p))
     assert row.p_tost_holm == pytest.approx(max(row.p_holm, row.p_tost))
     assert row.item_se > 0 and row.ci_method == "seed-level paired t (5 seeds)"
+    assert (row.learned_a, row.learned_b) == (5, 5)  # seeds at or above the learn threshold (the plan reads them)
     assert {"margin", "margin_reason", "reason", "ci_method", "p_tost", "seeds_needed", "needs_seeds", "floor_lo",
             "floor_hi", "analytic_floor", "in_a", "in_b", "item_se"} <= set(led.columns)
 

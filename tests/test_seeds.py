@@ -36,6 +36,30 @@ def row(id_, verdict, needed=None, seeds_=5, **kw):
             "reason": kw.get("reason", "")}
 
 
+def test_a_split_arm_is_continued_not_called_a_non_learner():
+    """2 of 3 seeds learned: the mean misses the learn threshold, but whether the arm learns is not known on 3
+    seeds; the plan continues the row to report.min_seeds_bimodal. An arm none of whose seeds learned, or a row
+    that would be uninformative anyway (both at the ceiling), is not continued."""
+    params = params_with({"resnet": ["alignment"], "resnet_s1": ["alignment"]}, seeds_=(0, 1, 2), max_seeds=15)
+    base = {**row("alignment.stride.alignment", "uninformative", seeds_=3), "subset": "slice/ood", "expect": "+",
+            "in_a": 0.83, "in_b": 0.99, "learn_at": 0.875, "learned_a": 2, "learned_b": 3, "acc_a": 0.7,
+            "acc_b": 0.5, "chance": 0.5, "reason": "resnet_s1 did not learn: in-distribution 0.830 (needs >= 0.875)"}
+    stuck = {**base, "id": "alignment.antialias.alignment", "learned_a": 0}
+    ceiling = {**base, "id": "alignment.overlap.alignment", "acc_a": 1.0, "acc_b": 1.0}
+    plan = seeds.make_plan(pd.DataFrame([base, stuck, ceiling]), params)
+    by_id = {r["id"]: r for r in plan["rows"]}
+    go = by_id["alignment.stride.alignment"]
+    assert go["continued"] and len(go["seeds"]) == params.report.min_seeds_bimodal == go["seeds_needed"]
+    assert "resnet_s1 learned in 2 of 3 seeds" in go["why"]
+    assert not by_id["alignment.antialias.alignment"]["continued"] and not by_id["alignment.overlap.alignment"][
+        "continued"]
+    assert seeds.split_arms(base, params.report.ceiling_tol) == ["resnet_s1"]
+    assert seeds.split_arms(ceiling, params.report.ceiling_tol) == []
+    # no second look: nothing continues
+    assert not seeds.make_plan(pd.DataFrame([base]), params_with({"resnet": ["alignment"]}, seeds_=(0, 1, 2),
+                                                                 max_seeds=3))["rows"][0]["continued"]
+
+
 def test_the_plan_continues_informative_underpowered_rows_within_the_cap():
     params = params_with({"resnet": ["alignment"], "resnet_s1": ["alignment"], "vit": ["alignment"]}, tune_seed=6)
     led = pd.DataFrame([
@@ -45,17 +69,21 @@ def test_the_plan_continues_informative_underpowered_rows_within_the_cap():
         row("alignment.overlap.alignment", "uninformative", reason="vit_overlap did not learn"),
         row("alignment.convstem.alignment", "underpowered", None),
         {**row("budget.vit.alignment.steps4000", "underpowered", 6), "finding": "budget"},
-        {**row("floor.nomix.alignment", "underpowered", 6), "kind": "floor"}])
+        {**row("floor.nomix.alignment", "underpowered", 6), "kind": "floor", "a": "nomix", "b": "floor"}])
     plan = seeds.make_plan(led, params)
     by_id = {r["id"]: r for r in plan["rows"]}
-    assert set(by_id) == {r for r in led.id if not r.startswith(("budget", "floor"))}  # paired, not budget
+    assert set(by_id) == {r for r in led.id if not r.startswith("budget")}  # paired and floor, not budget
     go = by_id["alignment.stride.alignment"]
     assert go["continued"] and go["seeds"] == [0, 1, 2, 3, 4, 5, 7, 8]  # 8 seeds, tune.seed 6 skipped
-    assert plan["cells"] == [{"task": "alignment", "arch": a, "seeds": [5, 7, 8]} for a in ("resnet", "resnet_s1")]
+    # a floor row's one arm gets its seeds (the floor is no cell)
+    assert by_id["floor.nomix.alignment"]["continued"] and len(by_id["floor.nomix.alignment"]["seeds"]) == 6
+    assert plan["cells"] == [{"task": "alignment", "arch": "nomix", "seeds": [5]}] + [
+        {"task": "alignment", "arch": a, "seeds": [5, 7, 8]} for a in ("resnet", "resnet_s1")]
     assert "more than plan.max_seeds 10" in by_id["alignment.resnet_vs_vit.alignment"]["why"]
     assert "report.max_seeds" in by_id["alignment.convstem.alignment"]["why"]
     assert by_id["alignment.overlap.alignment"]["why"].startswith("uninformative at look 1: vit_overlap")
-    assert not any(r["continued"] for r in plan["rows"] if r["id"] != "alignment.stride.alignment")
+    assert not any(r["continued"] for r in plan["rows"] if r["id"] not in ("alignment.stride.alignment",
+                                                                           "floor.nomix.alignment"))
     assert plan["alpha_per_look"] == pytest.approx(0.025)
     off = seeds.make_plan(led, params_with({"resnet": ["alignment"]}, max_seeds=5))
     assert not off["enabled"] and off["cells"] == [] and off["alpha_per_look"] == pytest.approx(0.05)

@@ -291,16 +291,24 @@ def gate(row: dict, m: dict, tol: float) -> str:
 def _empty(row: dict) -> dict:
     return {"seeds": 0, "items": 0, "estimate": math.nan, "ci_lo": math.nan, "ci_hi": math.nan, "p": math.nan,
             "p_tost": math.nan, "p_out": math.nan, "seed_sd": math.nan, "item_se": math.nan, "acc_a": math.nan,
-            "acc_b": math.nan, "in_a": math.nan, "in_b": math.nan, "ci_method": ""}
+            "acc_b": math.nan, "in_a": math.nan, "in_b": math.nan, "learned_a": math.nan, "learned_b": math.nan,
+            "ci_method": ""}
+
+
+def _in_seeds(items: cells.Items, rows: pd.DataFrame, task: str, seeds: list[int],
+              learned_on: str = "") -> np.ndarray | None:
+    """Per seed (of ``seeds``), an arm's accuracy where its learning is judged: the row's ``learned_on`` slice if
+    it names one, else ``slice/id`` where the task has it, else the whole test set."""
+    subset = items.subset(task, learned_on or "slice/id")
+    got = items.matrix(rows, subset if subset is not None else items.subset(task, "test"), seeds)
+    return got[1].mean(axis=1) if got is not None else None
 
 
 def _in_distribution(items: cells.Items, rows: pd.DataFrame, task: str, seeds: list[int],
                      learned_on: str = "") -> float:
-    """Mean over ``seeds`` of an arm's accuracy where its learning is judged: the row's ``learned_on`` slice if
-    it names one, else ``slice/id`` where the task has it, else the whole test set."""
-    subset = items.subset(task, learned_on or "slice/id")
-    got = items.matrix(rows, subset if subset is not None else items.subset(task, "test"), seeds)
-    return float(got[1].mean()) if got is not None else math.nan
+    """Mean over ``seeds`` of :func:`_in_seeds`: the accuracy the learn gate reads."""
+    got = _in_seeds(items, rows, task, seeds, learned_on)
+    return float(got.mean()) if got is not None else math.nan
 
 
 def _units(items: cells.Items, task: str, index: np.ndarray) -> np.ndarray | None:
@@ -333,6 +341,7 @@ def measure_paired(row: dict, a_rows, b_rows, items: cells.Items, rp, seed: int,
             "acc_a": float(d["mean_a"].mean()), "acc_b": float(d["mean_b"].mean()),
             "in_a": _in_distribution(items, a_rows, row["task"], seeds, row.get("learned_on", "")),
             "in_b": _in_distribution(items, b_rows, row["task"], seeds, row.get("learned_on", "")),
+            "_in_seeds": [_in_seeds(items, r, row["task"], seeds, row.get("learned_on", "")) for r in (a_rows, b_rows)],
             "ci_method": f"seed-level paired t ({unit}{d['seeds']} seeds)"}
 
 
@@ -375,7 +384,12 @@ def measure(row: dict, runs: pd.DataFrame, items: cells.Items, config: dict, flo
             if got is None:
                 return out
             scored = items.agreeing_with(task, got[0], got[2], [*a_rows["dir"], *b_rows["dir"]])
-        return {**out, **measure_paired(row, a_rows, b_rows, items, rp, seed, row["margin"], scored)}
+        m = {**out, **measure_paired(row, a_rows, b_rows, items, rp, seed, row["margin"], scored)}
+        # seeds of each arm at or above the learn threshold: a split arm (some did, some not) is one the plan
+        # continues rather than calls a non-learner on a handful of seeds
+        for arm, got in zip(("a", "b"), m.pop("_in_seeds", (None, None)), strict=True):
+            m[f"learned_{arm}"] = int((got >= out["learn_at"]).sum()) if got is not None else math.nan
+        return m
     if row["kind"] == "floor":
         return {**out, **measure_floor(row, a_rows, items, rp, seed, floor, bound)}
     return {**out, **exact_twins(a_rows, items, task)}
@@ -481,9 +495,9 @@ def decide(table: pd.DataFrame, rp, alpha: float | None = None) -> pd.DataFrame:
 
 COLUMNS = ["id", "finding", "kind", "task", "a", "b", "subset", "expect", "isolates", "margin", "margin_reason",
            "seeds", "items", "estimate", "ci_lo", "ci_hi", "ci_method", "p", "p_tost", "p_out", "seed_sd",
-           "item_se", "acc_a", "acc_b", "in_a", "in_b", "learn_at", "chance", "floor", "floor_baseline",
-           "floor_lo", "floor_hi", "analytic_floor", "floor_bound", "reason", "exact", "max_logit_diff", "context",
-           "claim", "detail"]
+           "item_se", "acc_a", "acc_b", "in_a", "in_b", "learned_a", "learned_b", "learn_at", "chance", "floor",
+           "floor_baseline", "floor_lo", "floor_hi", "analytic_floor", "floor_bound", "reason", "exact",
+           "max_logit_diff", "context", "claim", "detail"]
 
 
 def judge(params, runs: pd.DataFrame, items: cells.Items, floors: dict, disagreement: dict,

@@ -39,11 +39,12 @@ LEDGER_NOTE = ("Rows and their margins are fixed in pipeline/report/contrasts.cs
 
 LOOKS = ("two looks, each at half of 1 - report.confidence: look 1 judges every row on train.seeds, look 2 the "
          "rows the plan stage continued, on the seeds it gave them (column `look`)")
-SEEDS_NOTE = ("The plan stage reads the first look's ledger ({first} seeds per cell) and continues each paired row "
-              "that is informative but underpowered when its power calculation asks for at most plan.max_seeds "
-              "({cap}) seeds; train_more trains its two cells at the new seeds and look 2 judges it on them "
-              "(docs/design.md §4, Sequential seeds). `look1`: the first look's verdict; `seeds`: the seeds the row "
-              "is judged on; `why`: the rule that applied.")
+SEEDS_NOTE = ("The plan stage reads the first look's ledger ({first} seeds per cell) and continues each paired or "
+              "floor row that is informative but underpowered when its power calculation asks for at most "
+              "plan.max_seeds ({cap}) seeds, and each row uninformative only because an arm is split (some of its "
+              "seeds learned, some not), to report.min_seeds_bimodal seeds; train_more trains its cells at the new "
+              "seeds and look 2 judges it on them (docs/design.md §4, Sequential seeds). `look1`: the first look's "
+              "verdict; `seeds`: the seeds the row is judged on; `why`: the rule that applied.")
 
 COLLISION_NOTE = ("Per task and seed (main grid, first test items by pool index): every patch of each image gets a "
                   "random pattern from the trained vit's patch-projection null space (unit RMS per normalised "

@@ -1,14 +1,20 @@
 """Sequential seeds: the second look's plan, a function of the first look's ledger (docs/design.md §4).
 
-Look 1 judges every ledger row on ``train.seeds``. A paired row outside the budget axis that is informative
-(its gate passed) but underpowered, and whose power calculation asks for at most ``plan.max_seeds`` seeds,
-continues: both of its cells get seeds up to that count (new seed numbers after the first look's, never
-``tune.seed``; the ``train_more`` stage trains them), and look 2 judges it on them. The plan reads nothing but
-the first look's results, so ``dvc repro`` stays deterministic. Each look is one Holm family at alpha / 2: the
-family-wise error over both looks stays at most alpha (a union bound over the two families).
+Look 1 judges every ledger row on ``train.seeds``. A paired or floor row outside the budget axis that is
+informative (its gate passed) but underpowered, and whose power calculation asks for at most ``plan.max_seeds``
+seeds, continues: its cells (both arms of a paired row, the one of a floor row) get seeds up to that count (new
+seed numbers after the first look's, never ``tune.seed``; the ``train_more`` stage trains them), and look 2
+judges it on them. So does a row whose only reason to be uninformative is a split arm: one whose seeds fall on
+both sides of the learn threshold (2 of 3 learned), which a handful of seeds cannot call a learner or not; it
+continues to ``report.min_seeds_bimodal`` seeds (at most ``plan.max_seeds``), where the gate judges it again.
+The plan reads nothing but the first look's results, so ``dvc repro`` stays deterministic. Each look is one
+Holm family at alpha / 2: the family-wise error over both looks stays at most alpha (a union bound over the two
+families).
 """
 
 from __future__ import annotations
+
+import math
 
 import pandas as pd
 
@@ -34,35 +40,58 @@ def extra_seeds(params, n: int) -> list[int]:
     return out
 
 
+def split_arms(r: dict, tol: float) -> list[str]:
+    """The arms that keep an uninformative row from its gate only by being split (some seeds at or above the
+    learn threshold, some below); [] when anything else keeps it there (an arm no seed of which learned, both
+    at the ceiling or at chance). ``r``: a ledger row with ``learned_a``/``learned_b`` (seeds that learned)."""
+    from pipeline.report.ledger import gate
+
+    nan = math.nan
+    split = [arm for arm in ("a", "b") if not r.get(f"in_{arm}", nan) >= r.get("learn_at", nan)
+             and not math.isnan(k := float(r.get(f"learned_{arm}", nan))) and 0 < k < r["seeds"]]
+    learned = {**r, **{f"in_{arm}": r["learn_at"] for arm in split}}  # as if the split arms had learned
+    if not split or gate(learned, learned, tol) != "":
+        return []
+    return [r[arm] for arm in split]
+
+
 def make_plan(ledger: pd.DataFrame, params) -> dict:
     """``plan.json``: per eligible row, its first-look verdict, the seeds it needs, whether it continues and why;
     per cell (task, arch), the extra seeds ``train_more`` trains (the most any of its continued rows needs)."""
     first = sorted(params.train.seeds)
-    cap = params.plan.max_seeds
+    cap, tol = params.plan.max_seeds, params.report.ceiling_tol
     rows, cells = [], {}
     for r in ledger.to_dict("records"):
-        if r["kind"] != "paired" or r["finding"] == "budget":
+        if r["kind"] not in ("paired", "floor") or r["finding"] == "budget":
             continue
         needed = None if pd.isna(r.get("seeds_needed")) else int(r["seeds_needed"])
         entry = {"id": r["id"], "task": r["task"], "a": r["a"], "b": r["b"], "look1": r["verdict"],
                  "seeds_needed": needed, "continued": False, "seeds": first}
-        if r["verdict"] != "underpowered":
-            entry["why"] = (f"uninformative at look 1: {r['reason']}" if r["verdict"] == "uninformative"
-                            else f"{r['verdict']} at look 1" if r["verdict"] != "not run" else "not run")
+        split = split_arms(r, tol) if r["verdict"] == "uninformative" and enabled(params) else []
+        if split:
+            needed = min(cap, max(params.report.min_seeds_bimodal, int(r["seeds"]) + 1))
+            arms = ", ".join(f"{r[x]} learned in {int(r[f'learned_{x}'])} of {int(r['seeds'])} seeds"
+                             for x in ("a", "b") if r[x] in split)
+            why = (f"continued: {arms}; its gate is judged again on {needed} seeds (report.min_seeds_bimodal "
+                   f"{params.report.min_seeds_bimodal}, at most plan.max_seeds)")
+        elif r["verdict"] != "underpowered":
+            why = (f"uninformative at look 1: {r['reason']}" if r["verdict"] == "uninformative"
+                   else f"{r['verdict']} at look 1" if r["verdict"] != "not run" else "not run")
         elif not enabled(params):
-            entry["why"] = f"no second look (plan.max_seeds {cap} <= {len(first)} first-look seeds)"
+            why = f"no second look (plan.max_seeds {cap} <= {len(first)} first-look seeds)"
         elif needed is None:
-            entry["why"] = f"needs more than report.max_seeds ({params.report.max_seeds}) seeds"
+            why = f"needs more than report.max_seeds ({params.report.max_seeds}) seeds"
         elif needed > cap:
-            entry["why"] = f"needs {needed} seeds, more than plan.max_seeds {cap}"
+            why = f"needs {needed} seeds, more than plan.max_seeds {cap}"
         else:
+            why = f"continued: needs {needed} seeds for power {params.report.power:g} at its look-1 Holm level"
+        entry.update(seeds_needed=needed, why=why)
+        if why.startswith("continued"):
             total = max(needed, int(r["seeds"]) + 1)  # at least one more seed than it had
-            seeds = first + extra_seeds(params, total - len(first))
-            entry.update(continued=True, seeds=seeds, why=f"continued: needs {needed} seeds for power "
-                         f"{params.report.power:g} at its look-1 Holm level")
-            for arch in (r["a"], r["b"]):
+            entry.update(continued=True, seeds=first + extra_seeds(params, total - len(first)))
+            for arch in (r["a"], r["b"]) if r["kind"] == "paired" else (r["a"],):
                 have = cells.setdefault((r["task"], arch), [])
-                cells[(r["task"], arch)] = sorted(set(have) | set(seeds) - set(first))
+                cells[(r["task"], arch)] = sorted(set(have) | set(entry["seeds"]) - set(first))
         rows.append(entry)
     return {"enabled": enabled(params), "alpha_per_look": look_alpha(params), "first_seeds": first,
             "max_seeds": cap, "rows": rows,

@@ -2,7 +2,7 @@
 
 Reads what the report reads of the train stage's runs (``data/runs``, the teachers, the pools, slices and
 floors), judges the ledger on ``train.seeds`` exactly as the report's first look does, and writes
-``plan.json``: per paired row whether it continues and why, per cell the extra seeds ``train_more`` trains.
+``plan.json``: per paired or floor row whether it continues and why, per cell the extra seeds ``train_more`` trains.
 A function of those files and the params alone, so ``dvc repro`` stays deterministic.
 """
 
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     write_json(args.out, plan)
     go = [r for r in plan["rows"] if r["continued"]]
     runs = sum(len(c["seeds"]) for c in plan["cells"])
-    print(f"plan: {len(go)} of {len(plan['rows'])} paired rows continue to a second look "
+    print(f"plan: {len(go)} of {len(plan['rows'])} paired and floor rows continue to a second look "
           f"({runs} more runs over {len(plan['cells'])} cells)"
           + "".join(f"\n  {r['id']}: {len(r['seeds'])} seeds ({r['why']})" for r in go), flush=True)
 
