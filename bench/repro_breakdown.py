@@ -270,12 +270,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"first look (teacher, tune, train) took {first:.1f} worker-minutes of the stages, the second "
                   f"(`train_more`) {by_stage.get('train_more', 0.0) / 60:.1f}. `needs_seeds`: what the power "
                   f"calculation asks for where a row stayed underpowered.", "",
-                  seeds.to_markdown(index=False, floatfmt=".0f"), ""]
+                  seeds.fillna({"needs_seeds": ""}).to_markdown(index=False, floatfmt=".0f"), ""]
     if others:
         lines += ["## Profiles", "",
                   "Each profile's own repro: minutes of `dvc repro` beside the ViT step time of the machine it ran on "
                   "(`--phases`; minutes scale with it), and worker-minutes of training per informative paired row. "
-                  "The seeds each row received are in each report's `tables/seeds.md`.", "",
+                  "The seeds each row of another profile received are in its report's `tables/seeds.md`.", "",
                   pd.DataFrame([profile_row("this repro", timing), *others]).to_markdown(index=False,
                                                                                         floatfmt=".1f"), ""]
     write_text(args.out / "repro_breakdown.md", "\n".join(lines))
