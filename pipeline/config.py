@@ -120,12 +120,25 @@ class ViTParams(Section):
     mlp_ratio: PosFloat
 
 
+class SwinLocal(Section):
+    """The one-stage pair's own grid (``swin_local``, ``swin_local_shift``); its window spans the same pixels."""
+
+    patch_size: PosInt
+    window_size: PosInt
+
+
 class SwinParams(Section):
     patch_size: PosInt
     window_size: PosInt
     depths: list[Count]  # blocks per stage; a patch merging between stages
     num_heads: list[Count]  # one entry per stage
     mlp_ratio: PosFloat
+    local: SwinLocal | None = None  # None: the one-stage pair keeps patch_size and window_size
+
+    def grid(self, local: bool) -> tuple[int, int]:
+        """(patch px, window in tokens) of the two-stage model, or of the one-stage pair."""
+        return (self.local.patch_size, self.local.window_size) if local and self.local else (
+            self.patch_size, self.window_size)
 
     @model_validator(mode="after")
     def _one_head_count_per_stage(self) -> SwinParams:
@@ -659,6 +672,9 @@ class Params(Section):
             if size % step:
                 raise ValueError(f"{key}: {size} is not a multiple of {step} (Swin patch {s.patch_size} and "
                                  f"{len(s.depths) - 1} patch mergings)")
+            if s.local and size % s.local.patch_size:
+                raise ValueError(f"{key}: {size} is not a multiple of models.swin.local.patch_size "
+                                 f"{s.local.patch_size}")
         if missing := [x for x in ft.tasks if x not in self.tasks.names]:
             raise ValueError(f"finetune.tasks: {missing} not in tasks.names {sorted(self.tasks.names)}")
         if ft.tasks and ft.size == self.geometry.image_size:
@@ -827,6 +843,19 @@ class Params(Section):
                 f"models.swin.window_size: {s.window_size} leaves no block with a shifted window "
                 f"(stage grids {stage_grids}, depths {s.depths}): swin would equal swin_noshift"
             )
+        if (loc := s.local) is not None:
+            # One stage: the window must tile the grid and leave room to shift, and span the pixels of the
+            # two-stage window, which relation's window slices (near/cross pairs) are cut by.
+            key, lgrid = "models.swin.local", g.image_size // loc.patch_size
+            if g.image_size % loc.patch_size:
+                raise ValueError(f"{key}.patch_size: {loc.patch_size} does not divide geometry.image_size "
+                                 f"{g.image_size}")
+            if lgrid % loc.window_size or lgrid <= loc.window_size:
+                raise ValueError(f"{key}.window_size: {loc.window_size} must divide the {lgrid}x{lgrid} token grid "
+                                 "and be smaller than it (else swin_local_shift never shifts)")
+            if loc.patch_size * loc.window_size != s.patch_size * s.window_size:
+                raise ValueError(f"{key}: a window of {loc.window_size} x {loc.patch_size} px, not the "
+                                 f"{s.window_size} x {s.patch_size} px of models.swin (relation's window slices)")
         # after the model's own checks: a bad window is reported as such, not as the task's block
         r = self.tasks.relation
         window_px = s.patch_size * s.window_size

@@ -24,8 +24,9 @@ COLUMNS = ["arch", "task", "lr", "val_acc", "steps_done", "stop_reason"]
 
 
 def trial_table(metrics: list[dict]) -> pd.DataFrame:
-    """One row per trial from the trials' ``metrics.json`` records."""
-    return pd.DataFrame([{c: m.get(c) for c in COLUMNS} for m in metrics], columns=COLUMNS)
+    """One row per trial from the trials' ``metrics.json`` records, by task, arch and lr (not by finish time)."""
+    table = pd.DataFrame([{c: m.get(c) for c in COLUMNS} for m in metrics], columns=COLUMNS)
+    return table.sort_values(["task", "arch", "lr"], kind="stable").reset_index(drop=True)
 
 
 def choose(trials: pd.DataFrame, lrs: list[float]) -> pd.DataFrame:
@@ -84,10 +85,11 @@ def markdown(trials: pd.DataFrame, chosen: pd.DataFrame | None, params: Params) 
     wide = trials.pivot_table(index=["task", "arch"], columns="lr", values="val_acc").sort_index()
     wide.columns = [f"val acc @ {c:g}" for c in wide.columns]
     pick = chosen.set_index(["task", "arch"])
-    wide["chosen lr"] = pick.lr.map("{:g}".format)
+    wide["chosen lr"] = pick.lr
     wide["trials"] = pick.trials
+    fmt = [".3f"] * wide.shape[1] + ["g", "g"]  # task, arch and accuracies; the lr unrounded (5e-4)
     counts = chosen.groupby("arch").trials.agg(["min", "max"])
     same = "every arch got the same number of trials per cell" if (counts["min"] == counts["max"]).all() and \
         counts["min"].nunique() == 1 else "trial counts differ between archs"
     return head + f"{len(chosen)} cells, {len(trials)} trials: {same}.\n\n" + \
-        wide.reset_index().to_markdown(index=False, floatfmt=".3f") + "\n"
+        wide.reset_index().to_markdown(index=False, floatfmt=fmt) + "\n"

@@ -129,9 +129,10 @@ def test_budget_stage_writes_tables_and_rejects_bad_params(tmp_path, capsys):
 
 def _expected_tokens(arch: str, params) -> int:
     """What the first layer of each family sees, from the geometry alone (not from the built module)."""
-    g, family = params.geometry, ARCHS[arch].family
+    g, family, swin = params.geometry, ARCHS[arch].family, params.models.swin
+    local = ARCHS[arch].options.get("local", False) and swin.local is not None  # the one-stage pair's own patch
     patch = {"vit": g.patch_size, "mixer": g.patch_size, "convmixer": g.patch_size,
-             "swin": params.models.swin.patch_size, "resnet": 1}[family]
+             "swin": swin.local.patch_size if local else swin.patch_size, "resnet": 1}[family]
     return (g.image_size // patch) ** 2
 
 

@@ -103,6 +103,16 @@ def test_seeds_for_power_is_the_smallest_that_reaches_it():
     assert stats.seeds_for_tost(0.0, 0.014, 0.01, 0.05) == stats.seeds_for_power(0.014, 0.01, 0.05, 0.9)
 
 
+def test_pilot_sd_is_median_unbiased_for_the_variance():
+    # Simulated 3-seed pilots (true sd 1): half their scaled variances fall below the truth, 63% of the raw ones.
+    raw = np.random.default_rng(0).normal(0.0, 1.0, size=(4000, 3)).std(axis=1, ddof=1)
+    scaled = np.array([stats.pilot_sd(s, 3) for s in raw])
+    assert np.mean(raw**2 < 1) == pytest.approx(sps.chi2.cdf(2, 2), abs=0.03)
+    assert np.mean(scaled**2 < 1) == pytest.approx(0.5, abs=0.03)
+    assert stats.pilot_sd(1.0, 3) == pytest.approx(1.2011, abs=1e-4) and stats.pilot_sd(1.0, 200) < 1.01
+    assert np.isnan(stats.pilot_sd(1.0, 1)) and np.isnan(stats.pilot_sd(math.nan, 5))
+
+
 # --------------------------------------------------------------------------- (c) the gate on a tiny ledger
 N = 400
 

@@ -15,6 +15,7 @@ from timm.layers import BlurPool2d
 from timm.models.deit import VisionTransformerDistilled
 
 from pipeline.archs import ARCHS
+from pipeline.budget import analytic_forward_flops, measured_forward_flops, tokens_per_image
 from pipeline.config import parse_params
 from pipeline.errors import ConfigError
 from pipeline.families.swin import block_layout as swin_block_layout
@@ -135,15 +136,32 @@ def _check_nomix(model):
     assert _pixel_dependency(build_model("vit_nopos", TINY, CLASSES), "nlc").all()  # the partner mixes
 
 
-def _check_swin_local(model):
-    g, s = TINY.geometry, TINY.models.swin
+def _check_swin_local(model, params=TINY):
+    g, (patch, window) = params.geometry, params.models.swin.grid(local=True)
     dep = _pixel_dependency(model, "nhwc")  # token -> pixels of its own window, never another window's
-    tokens, pixel_window = dep.shape[0], _block_membership(g.image_size, s.patch_size * s.window_size)
-    side = g.image_size // s.patch_size
-    token_window = _block_membership(side, s.window_size).argmax(0)  # window index of every token
+    tokens, pixel_window = dep.shape[0], _block_membership(g.image_size, patch * window)
+    side = g.image_size // patch
+    token_window = _block_membership(side, window).argmax(0)  # window index of every token
     np.testing.assert_array_equal(dep, pixel_window[token_window[:tokens]])
     assert pixel_window.shape[0] > 1, "one window would make the check vacuous"
-    assert _pixel_dependency(build_model("swin_noshift", TINY, CLASSES), "nhwc").all()  # merging mixes
+    assert _pixel_dependency(build_model("swin_noshift", params, CLASSES), "nhwc").all()  # merging mixes
+
+
+def test_the_one_stage_swin_pair_reads_its_own_grid():
+    # models.swin.local: the pair's own patch and window (the same pixels per window); the two-stage model keeps
+    # models.swin's. TINY's Swin has 4 px patches and 2-token windows; the pair here gets 2 px and 4 tokens.
+    params = parse_params(tiny_repo.small_params({"models": {"swin": {"local": {"patch_size": 2, "window_size": 4}}}}))
+    local, shifted = (build_model(a, params, CLASSES) for a in ("swin_local", "swin_local_shift"))
+    assert tuple(build_model("swin", params, CLASSES).patch_embed.patch_size) == (4, 4)
+    for model in (local, shifted):
+        assert tuple(model.patch_embed.patch_size) == (2, 2)
+        assert {tuple(b.window_size) for b in model.layers[0].blocks} == {(4, 4)}
+    assert any(tuple(b.shift_size) == (2, 2) for b in shifted.layers[0].blocks)
+    assert tokens_per_image("swin_local", params) == (params.geometry.image_size // 2) ** 2
+    for arch, model in (("swin_local", local), ("swin_local_shift", shifted)):  # the FLOP formula follows the grid
+        width = model.embed_dim
+        assert analytic_forward_flops(arch, params, width, CLASSES) == measured_forward_flops(model, params)
+    _check_swin_local(local, params)
 
 
 def _check_swin_local_shift(model):
@@ -361,6 +379,8 @@ SWIN = REPO_PARAMS["models"]["swin"]
     ({"resnet": {"layers": [1, 1, 1, 1, 1]}}, "models.resnet.layers"),
     ({"swin": {**SWIN, "window_size": 8, "depths": [2, 2], "num_heads": [2, 4]}}, "models.swin.window_size"),
     ({"swin": {**SWIN, "window_size": 4, "depths": [1, 2], "num_heads": [2, 4]}}, "models.swin.window_size"),
+    ({"swin": {**SWIN, "local": {"patch_size": 4, "window_size": 4}}}, "models.swin.local.window_size"),
+    ({"swin": {**SWIN, "local": {"patch_size": 2, "window_size": 2}}}, "models.swin.local"),
     ({"reference_classes": 0}, "models.reference_classes"),
 ])
 def test_bad_model_params_name_the_key(models, key):

@@ -284,7 +284,7 @@ def test_arrangement_twins_are_the_same_multiset_of_patches():
     ({"tasks": {"relation": {"num_colours": 2}}}, "tasks.relation.num_colours"),
     ({"tasks": {"relation": {"near_fraction": 1.5}}}, "tasks.relation.near_fraction"),
     ({"tasks": {"relation": {"near_fraction": 0.5, "near_block": 3}}}, "tasks.relation.near_block"),
-    ({"tasks": {"relation": {"near_fraction": 0.5}}, "models": {"swin": {"window_size": 2, "depths": [2, 2]}}},
+    ({"tasks": {"relation": {"near_fraction": 0.5}}, "models": {"swin": {"window_size": 2, "depths": [2, 2], "local": None}}},
      "tasks.relation.near_block"),
     ({"tasks": {"arrangement": {"glyph_size": 5}}}, "tasks.arrangement.glyph_size"),
     ({"tasks": {"names": ["alignment", "mnist"]}}, "tasks.names"),

@@ -1,7 +1,8 @@
 """The Swin family: timm's ``SwinTransformer``; options ``shift`` (windows shifted or not) and ``local``.
 
 ``local=True`` is one stage of ``sum(depths)`` blocks with the first stage's heads and no patch merging, so
-the window partition never changes and (without shift) tokens in different windows never meet. timm shrinks
+the window partition never changes and (without shift) tokens in different windows never meet; it reads
+``models.swin.local``'s patch and window where set (the same window in pixels on a coarser token grid). timm shrinks
 a window to the stage resolution and turns the shift off where the window covers the whole stage;
 :func:`block_layout` reports what each block really does.
 """
@@ -29,9 +30,10 @@ def _stages(params: Params, local: bool) -> tuple[list[int], list[int]]:
 def build(params: Params, num_classes: int, width: int, shift: bool = True, local: bool = False) -> nn.Module:
     g, s = params.geometry, params.models.swin
     depths, heads = _stages(params, local)
+    patch, window = s.grid(local)
     model = SwinTransformer(
-        img_size=g.image_size, patch_size=s.patch_size, in_chans=g.channels, num_classes=num_classes,
-        embed_dim=width, depths=tuple(depths), num_heads=tuple(heads), window_size=s.window_size,
+        img_size=g.image_size, patch_size=patch, in_chans=g.channels, num_classes=num_classes,
+        embed_dim=width, depths=tuple(depths), num_heads=tuple(heads), window_size=window,
         mlp_ratio=s.mlp_ratio, drop_path_rate=0.0,
     )
     if not shift:
@@ -57,21 +59,22 @@ def flops(params: Params, width: int, num_classes: int, local: bool = False, **_
     mask changes which keys, not how many products are computed.
     """
     g, s = params.geometry, params.models.swin
-    res = g.image_size // s.patch_size
-    total = linear(res * res, s.patch_size**2 * g.channels, width)
+    patch, window_size = s.grid(local)
+    res = g.image_size // patch
+    total = linear(res * res, patch**2 * g.channels, width)
     dim = width
     for i, depth in enumerate(_stages(params, local)[0]):
         if i > 0:
             res //= 2
             total += linear(res * res, 4 * dim, 2 * dim)  # PatchMerging: concat 2x2 neighbours, project
             dim *= 2
-        window = min(s.window_size, res)
+        window = min(window_size, res)
         total += depth * transformer_block(res * res, window * window, dim, int(dim * s.mlp_ratio))
     return total + linear(1, dim, num_classes)
 
 
-def tokens(params: Params, **_: object) -> int:
-    return (params.geometry.image_size // params.models.swin.patch_size) ** 2
+def tokens(params: Params, local: bool = False, **_: object) -> int:
+    return (params.geometry.image_size // params.models.swin.grid(local)[0]) ** 2
 
 
 def window_connectivity(block: SwinTransformerBlock) -> np.ndarray:

@@ -428,12 +428,13 @@ def family(t: pd.DataFrame) -> pd.DataFrame:
 
 def _needed(r: dict, level: float, margin: float, rp) -> int | None:
     """Seeds for 80% power (rp.power) in the row's own direction at its Holm level: the directional t is
-    two-sided, so one-sided at level / 2 for "+" and "<="; TOST at the level for "0"."""
-    cap = rp.max_seeds
+    two-sided, so one-sided at level / 2 for "+" and "<="; TOST at the level for "0". The sd is the row's
+    per-seed sd made median-unbiased (:func:`stats.pilot_sd`), so a 3-seed look does not under-ask."""
+    cap, sd = rp.max_seeds, stats.pilot_sd(r["seed_sd"], int(r["seeds"]))
     if r["expect"] == "0":
-        return stats.seeds_for_tost(r["estimate"], margin, r["seed_sd"], level, rp.power, cap)
+        return stats.seeds_for_tost(r["estimate"], margin, sd, level, rp.power, cap)
     effect = r["estimate"] if r["expect"] == "+" else r["floor_bound"] - (r["acc_a"])
-    return stats.seeds_for_power(effect, r["seed_sd"], level / 2, rp.power, cap)
+    return stats.seeds_for_power(effect, sd, level / 2, rp.power, cap)
 
 
 def _verdict(r: dict, alpha: float) -> str:

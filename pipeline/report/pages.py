@@ -34,7 +34,8 @@ LEDGER_NOTE = ("Rows and their margins are fixed in pipeline/report/contrasts.cs
                "Every decision (directional t, TOST equivalence within the row's margin, the floor test) of a "
                "look is one Holm family at alpha {alpha:.3g} ({looks}). Verdicts: held / failed / equivalent / "
                "uninformative / "
-               "underpowered (with the seeds 80% power needs at the row's Holm level); default margin "
+               "underpowered (with the seeds 80% power needs at the row's Holm level, from the per-seed sd made "
+               "median-unbiased for the variance); default margin "
                "{margin}. docs/design.md §4 states the rules.")
 
 LOOKS = ("two looks, each at half of 1 - report.confidence: look 1 judges every row on train.seeds, look 2 the "

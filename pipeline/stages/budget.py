@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> None:
         "",
         f"Widths solved for {m.param_target:,} trainable parameters (tolerance {m.param_tolerance:.0%}) with a "
         f"{m.reference_classes}-class head, on {params.geometry.image_size} px images "
-        f"({params.geometry.patch_size} px ViT patches, {m.swin.patch_size} px Swin patches). A control "
+        f"({params.geometry.patch_size} px ViT patches, {m.swin.patch_size} px Swin patches, "
+        f"{m.swin.grid(local=True)[0]} px for the one-stage Swin pair). A control "
         "differs from its `partner` in one named thing (`pipeline/archs.py`); ablations that change no "
         "parameter shape reuse their reference's width (ViT position and stem variants: `vit`; "
         "`swin_noshift`: `swin`; `resnet_s1`, `resnet_aa`: `resnet`); `nomix` and `swin_local` solve their "
