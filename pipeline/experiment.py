@@ -102,8 +102,9 @@ def identity(spec: RunSpec, params: Params) -> str:
     teacher = read_teacher(spec.teacher_dir, spec.key.task)[0]["checkpoint_sha256"] if spec.teacher_dir else None
     data = hashlib.sha256((spec.slices_dir / "manifest.json").read_bytes()).hexdigest()
     code = code_sha256(run_archs(params, spec))
+    race = {"race": spec.race} if spec.race is not None else {}  # a trial stopped earlier is another run
     blob = json.dumps({"key": spec.key.__dict__, "kind": spec.kind, "model": spec.model, "teacher": teacher,
-                       "data": data, "params": run_params(params, spec), "code": code}, sort_keys=True)
+                       "data": data, "params": run_params(params, spec), "code": code, **race}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -159,7 +160,8 @@ def run_tags(spec: RunSpec, ident: str, params: Params) -> dict[str, str]:
             "train_size": k.train_size, "steps": k.steps, "budget_mode": k.budget_mode, "identity": ident,
             "augment": ",".join(f"{x}={v}" for x, v in training_views(spec, params).items()) or "off",
             "params_sha256": params_sha256(run_params(params, spec)),
-            "code_sha256": code_sha256(run_archs(params, spec))}
+            "code_sha256": code_sha256(run_archs(params, spec)),
+            **({"race": spec.race} if spec.race is not None else {})}
     if spec.teacher_dir is not None:
         record = read_teacher(spec.teacher_dir, k.task)[0]
         tags.update({f"teacher.{x}": record.get(x) for x in
@@ -332,7 +334,7 @@ def _callbacks(spec: RunSpec, params: Params, steps: int, num_classes: int) -> t
                     live=spec.ckpt_dir / LIVE)
     timer = PhaseTimer()
     stop = (Criterion(c.accuracy, c.hold, c.patience, c.min_delta, c.min_steps, c.plateau_above,
-                      chance=1 / num_classes)
+                      chance=1 / num_classes, race=spec.race)
             if spec.key.budget_mode == "criterion" else None)
     # the stop rule before the curves: its state is in the checkpoint Curves saves after a validation
     return timer, stop, curves, [timer, *([stop] if stop else []), ckpt, curves]
@@ -393,6 +395,7 @@ def compose(job: Job, result: dict, run_id: str) -> dict:
         "steps_done": result["steps_done"],
         "criterion_step": result["criterion_step"],
         "stop_reason": result["stop_reason"],
+        **({"race": spec.race} if spec.race is not None else {}),  # a tune trial's step to beat
         "num_classes": result["num_classes"], "test_acc": ev["slices"]["test"]["acc"], "val_acc": result["val_acc"],
         "shift_consistency": ev["shift_consistency"], "slices": ev["slices"], "curve": result["curve"],
         "budget": result["budget"], "measured": result["measured"], "identity": job.identity,
@@ -562,31 +565,36 @@ def _open(specs: list[RunSpec], params: Params, tracker: tracking.StageRun) -> t
             continue
         resume_from, run_id = prepare_ckpt(spec.ckpt_dir, ident, uri)
         read = run_params(params, spec)
-        params_log = {**read, "run": {**spec.key.__dict__, "model": spec.model, "teacher": spec.teacher}}
+        params_log = {**read, "run": {**spec.key.__dict__, "model": spec.model, "teacher": spec.teacher,
+                                      **({"race": spec.race} if spec.race is not None else {})}}
         run_ids[spec.name] = tracker.open(spec.name, run_tags(spec, ident, params), params_log, run_id)
         write_json(spec.ckpt_dir / "config.json", {"identity": ident, "mlflow_run_id": run_ids[spec.name]})
         jobs.append(Job(spec, params, ident, resume_from))
     return jobs, run_ids, done
 
 
-# Relative cost of one optimizer step (measured, bench phases): the pool starts the longest runs first.
-STEP_COST = {"swin": 1.7, "swin_noshift": 1.7, "swin_local": 3.0, "resnet": 1.4, "resnet_aa": 2.0,
-             "resnet_s1": 6.0}
+# Relative cost of one optimizer step against vit's (ms per step of the study of 42292e9,
+# reports/repro_breakdown.md): the pool starts the longest runs first.
+STEP_COST = {"swin": 3.0, "swin_noshift": 3.0, "swin_local": 2.4, "swin_local_shift": 2.8,
+             "resnet": 2.2, "resnet_aa": 3.5,
+             "resnet_s1": 8.3, "vit_hybrid": 1.6, "nomix": 0.7}
 
 
 def run_cost(job: Job) -> float:
-    return job.spec.key.steps * STEP_COST.get(job.spec.model, 1.0)
+    steps = min(job.spec.key.steps, job.spec.race or job.spec.key.steps)  # a trial stops at its race step at most
+    return steps * STEP_COST.get(job.spec.model, 1.0)
 
 
-def execute(specs: list[RunSpec], params: Params, stage: str, ckpt_root: Path, pool=None) -> list[dict]:
-    """Run every spec (finished ones are kept) under one parent MLflow run named ``stage``, in the stage's MLflow
-    experiment; returns every run's metrics.
+def execute(specs: list[RunSpec], params: Params, stage: str, ckpt_root: Path, pool=None,
+            name: str | None = None) -> list[dict]:
+    """Run every spec (finished ones are kept) under one parent MLflow run named ``name`` (default ``stage``), in
+    the stage's MLflow experiment; returns every run's metrics.
 
     ``pool``: a started :func:`pipeline.executor.worker_pool` (else the runtime params decide where runs go)."""
     print(f"[{datetime.now():%H:%M:%S}] == {stage}: {len(specs)} runs on {params.train.runtime.workers} worker(s)",
           flush=True)
     check_inputs(specs, params)
-    with exclusive(ckpt_root, f"the {stage} stage"), tracking.stage_run(params, stage, stage) as tracker:
+    with exclusive(ckpt_root, f"the {stage} stage"), tracking.stage_run(params, stage, name or stage) as tracker:
         jobs, run_ids, results = _open(specs, params, tracker)
         pending = {j.spec.name: j for j in jobs}
         live = LiveCurves(tracker)

@@ -50,6 +50,7 @@ class RunSpec:
     teacher: str | None = None  # the teacher arch of a distilled student
     teacher_dir: Path | None = None  # that teacher's stage output
     lr: float | None = None  # the cell's learning rate chosen by the tune stage (a trial's own); None: the recipe's
+    race: int | None = None  # a trial's step to beat: its cell's best steps to criterion so far (pipeline/tune.py)
 
     @property
     def name(self) -> str:

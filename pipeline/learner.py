@@ -295,15 +295,18 @@ class Criterion(L.Callback):
     models leave chance in a sudden transition after a long flat phase (vit_overlap on alignment, lr 5e-4: the
     old rule stopped 3 of 5 seeds near 0.24, the other 2 ended at chance at a 1,000-step cap; run on under a
     2,000-step cap it read 0.56 at step 700 and 0.97 at step 900), so flatness near chance says nothing about
-    whether a run will learn. Otherwise the trainer's ``max_steps`` (the cap) ends it. Lightning's
+    whether a run will learn. Race (tune trials only): at step ``race`` a run that has not held the criterion
+    stops; another trial of its cell held it by then, so this one has lost (pipeline/tune.py). Otherwise the
+    trainer's ``max_steps`` (the cap) ends it; the learning-rate schedule always runs to the cap. Lightning's
     ``EarlyStopping`` has a threshold and a patience but no hold count, no start step or floor for its
     patience and no record of which rule fired, which the learnability table reports; so one small callback.
     Its state rides in every checkpoint: a resumed run stops where an uninterrupted one would.
     """
 
     def __init__(self, accuracy: float, hold: int, patience: int, min_delta: float, min_steps: int,
-                 plateau_above: float = 0.0, chance: float = 0.0):
+                 plateau_above: float = 0.0, chance: float = 0.0, race: int | None = None):
         self.accuracy, self.hold, self.patience = accuracy, hold, patience
+        self.race = race
         self.min_delta, self.min_steps = min_delta, min_steps
         # the best accuracy the plateau rule needs; plateau_above 0: none (a below-chance run may stop too)
         self.plateau_from = chance + plateau_above * (1 - chance) if plateau_above > 0 else -math.inf
@@ -324,6 +327,8 @@ class Criterion(L.Callback):
         elif (trainer.global_step >= self.min_steps and self.best >= self.plateau_from
               and len(self.accs) - self.best_at >= self.patience):
             self.stop_reason = "plateau"
+        elif self.race is not None and trainer.global_step >= self.race:
+            self.stop_reason = "race"
         else:
             return
         trainer.should_stop = True

@@ -2,9 +2,15 @@
 
 Policy (docs/design.md §4): each (arch, task) cell, distilled students included, trains once per value of
 ``tune.lrs`` at the main budget (``train.recipe`` with only the learning rate changed, to the criterion or the
-cap) on ``tune.seed``, a seed no run of the study trains with. The cell's learning rate is the trial with the
-highest validation accuracy; a tie goes to the trial that stopped after fewer steps, then to the value listed
-first. The test split is never read. Teachers keep ``train.recipe.lr`` (they are fixed inputs of their students).
+cap) on ``tune.seed``, a seed no run of the study trains with. The cell's learning rate is the trial that held the
+criterion (in-distribution validation accuracy) in the fewest steps, ties to the higher validation accuracy; if
+none held it, the trial with the highest validation accuracy; remaining ties to the value listed first. The test
+split is never read. Teachers keep ``train.recipe.lr`` (they are fixed inputs of their students).
+
+Racing: the values run in rounds, in the listed order, and a trial stops (``race``) once it has taken as many
+steps as its cell's best steps to criterion so far without holding the criterion itself: it can no longer win.
+The learning-rate schedule still runs to the cap, so every trial follows the same path as an unraced one up to its
+stop and the choice is the one full-length trials would make.
 """
 
 from __future__ import annotations
@@ -29,18 +35,29 @@ def trial_table(metrics: list[dict]) -> pd.DataFrame:
     return table.sort_values(["task", "arch", "lr"], kind="stable").reset_index(drop=True)
 
 
+def race_steps(trials: pd.DataFrame) -> dict[tuple[str, str], int]:
+    """{(arch, task): the fewest steps to criterion among the cell's trials so far}, for cells where one held it:
+    the step by which a later trial of the cell must hold the criterion to win."""
+    held = trials[trials.stop_reason == "criterion"]
+    return {k: int(v) for k, v in held.groupby(["arch", "task"]).steps_done.min().items()}
+
+
 def choose(trials: pd.DataFrame, lrs: list[float]) -> pd.DataFrame:
-    """The chosen trial per (arch, task): best validation accuracy, then fewer steps, then the first-listed lr.
-    A cell whose trials did not all run is refused (equal trials per cell is the point)."""
+    """The chosen trial per (arch, task): held the criterion (then fewer steps), then higher validation accuracy,
+    then the first-listed lr. A cell whose trials did not all run is refused (equal trials per cell is the
+    point)."""
     counts = trials.groupby(["arch", "task"]).lr.nunique()
     if (short := counts[counts != len(lrs)]).size:
         arch, task = short.index[0]
         raise StageError(f"tune: {arch}/{task} has {short.iloc[0]} of {len(lrs)} trials; every cell gets all of "
                          "tune.lrs")
     order = {lr: i for i, lr in enumerate(lrs)}
-    ranked = trials.assign(_acc=-trials.val_acc.fillna(-1.0), _order=trials.lr.map(order))
-    ranked = ranked.sort_values(["arch", "task", "_acc", "steps_done", "_order"], kind="stable")
-    best = ranked.groupby(["arch", "task"], sort=False).head(1).drop(columns=["_acc", "_order"])
+    held = trials.stop_reason == "criterion"
+    ranked = trials.assign(_held=~held, _steps=trials.steps_done.where(held, 0), _acc=-trials.val_acc.fillna(-1.0),
+                           _order=trials.lr.map(order))
+    keys = ["_held", "_steps", "_acc", "_order"]
+    ranked = ranked.sort_values(["arch", "task", *keys], kind="stable")
+    best = ranked.groupby(["arch", "task"], sort=False).head(1).drop(columns=keys)
     return best.assign(trials=len(lrs)).reset_index(drop=True)
 
 
@@ -73,23 +90,32 @@ def read_choice(path: Path, params: Params) -> dict[tuple[str, str], float]:
 
 
 def markdown(trials: pd.DataFrame, chosen: pd.DataFrame | None, params: Params) -> str:
-    """``reports/tune/tuning.md``: the policy, the trial table (validation accuracy per lr) and the choice."""
+    """``reports/tune/tuning.md``: the policy, the trial table (validation accuracy, stop rule and steps per lr)
+    and the choice."""
     head = ("# Matched tuning: the same trials for every cell, chosen on validation accuracy\n\n"
             f"Each (arch, task) cell of the main grid trains once per learning rate in `tune.lrs` "
-            f"({', '.join(f'{x:g}' for x in params.tune.lrs)}) on seed {params.tune.seed}, which no run of the "
-            "study uses, at the main budget (the recipe with only the learning rate changed). The cell's "
-            "learning rate is the trial with the highest validation accuracy (ties: fewer steps, then the first "
-            "listed); the test split is never read. Teachers keep `train.recipe.lr`.\n\n")
+            f"({', '.join(f'{x:g}' for x in params.tune.lrs)}, in rounds in this order) on seed "
+            f"{params.tune.seed}, which no run of the study uses, at the main budget (the recipe with only the "
+            "learning rate changed). The cell's learning rate is the trial that held the criterion on validation "
+            "in the fewest steps (ties: higher validation accuracy); if none held it, the highest validation "
+            "accuracy; then the first listed. A trial stops (`race`) once it has taken as many steps as its "
+            "cell's best steps to criterion so far without holding it: it can no longer win, and the "
+            "learning-rate schedule runs to the cap either way, so racing saves steps without changing a choice. "
+            "The test split is never read. Teachers keep `train.recipe.lr`.\n\n")
     if chosen is None:
         return head + f"One value in `tune.lrs`: no trials; every cell trains at {params.tune.lrs[0]:g}.\n"
-    wide = trials.pivot_table(index=["task", "arch"], columns="lr", values="val_acc").sort_index()
-    wide.columns = [f"val acc @ {c:g}" for c in wide.columns]
+    cell = trials.assign(text=[f"{a:.3f} ({r} {s})" for a, r, s in
+                               zip(trials.val_acc.fillna(float("nan")), trials.stop_reason, trials.steps_done,
+                                   strict=True)])
+    wide = cell.pivot(index=["task", "arch"], columns="lr", values="text").sort_index()
+    wide = wide[[lr for lr in params.tune.lrs if lr in wide.columns]]
+    wide.columns = [f"val acc @ {c:g} (stop, steps)" for c in wide.columns]
     pick = chosen.set_index(["task", "arch"])
-    wide["chosen lr"] = pick.lr
+    wide["chosen lr"] = pick.lr.map(lambda x: f"{x:g}")  # unrounded (5e-4)
     wide["trials"] = pick.trials
-    fmt = [".3f"] * wide.shape[1] + ["g", "g"]  # task, arch and accuracies; the lr unrounded (5e-4)
     counts = chosen.groupby("arch").trials.agg(["min", "max"])
     same = "every arch got the same number of trials per cell" if (counts["min"] == counts["max"]).all() and \
         counts["min"].nunique() == 1 else "trial counts differ between archs"
-    return head + f"{len(chosen)} cells, {len(trials)} trials: {same}.\n\n" + \
-        wide.reset_index().to_markdown(index=False, floatfmt=fmt) + "\n"
+    raced = int((trials.stop_reason == "race").sum())
+    return head + f"{len(chosen)} cells, {len(trials)} trials ({raced} stopped by the race): {same}.\n\n" + \
+        wide.reset_index().to_markdown(index=False) + "\n"

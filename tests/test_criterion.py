@@ -3,6 +3,7 @@ records why, charges only the steps taken, and an interrupted run stops where an
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,10 +13,10 @@ import yaml
 from conftest import mlflow_store
 from test_train import Interrupt, interrupting, train
 
-from pipeline import learner
+from pipeline import experiment, learner
 from pipeline.config import Params
 from pipeline.executor import RunFailed
-from pipeline.grid import RunKey
+from pipeline.grid import Folders, RunKey, specs_for
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.slow  # trains
@@ -67,6 +68,22 @@ def test_cap_ends_a_run_the_rules_never_stop(workspace, tmp_path):
     with mlflow_store(tmp_path):
         m = train(workspace, tmp_path / "run", params, key=KEY)
     assert (m["stop_reason"], m["steps_done"]) == ("cap", CAP)
+
+
+def test_a_raced_trial_stops_at_its_race_step_on_the_unraced_path(workspace, tmp_path):
+    # tune racing: a trial that has not held the criterion by its race step stops there; up to that step it is
+    # the run it would have been (the schedule still runs to the cap), and it is a run of its own identity
+    params = params_with(workspace, tmp_path, accuracy=1.0, min_steps=CAP)
+    at = Folders(workspace / "data/tasks", workspace / "data/slices", tmp_path / "raced/runs",
+                 tmp_path / "raced/ckpt", workspace / "data/teachers")
+    (spec,) = specs_for("train", [KEY], at)
+    with mlflow_store(tmp_path):
+        whole = train(workspace, tmp_path / "whole", params, key=KEY)
+        (raced,) = experiment.execute([replace(spec, race=20)], params, "train", tmp_path / "raced/ckpt")
+    assert (raced["stop_reason"], raced["steps_done"], raced["race"]) == ("race", 20, 20)
+    assert raced["criterion_step"] is None and whole["stop_reason"] == "cap"
+    assert raced["curve"] == whole["curve"][:2] and len(whole["curve"]) == CAP // 10
+    assert raced["identity"] != whole["identity"]
 
 
 def test_interrupted_run_stops_where_an_uninterrupted_one_does(workspace, tmp_path):

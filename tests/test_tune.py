@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -21,13 +22,26 @@ def trials(rows):
     return pd.DataFrame(rows, columns=["arch", "task", "lr", "val_acc", "steps_done", "stop_reason"])
 
 
-def test_choice_is_best_validation_then_fewer_steps_then_first_listed():
+def test_choice_is_fewest_steps_to_criterion_then_best_validation_then_first_listed():
     t = trials([("vit", "a", 5e-4, 0.80, 1000, "cap"), ("vit", "a", 2e-3, 0.90, 1000, "cap"),
-                ("resnet", "a", 5e-4, 0.99, 300, "criterion"), ("resnet", "a", 2e-3, 0.99, 500, "criterion"),
+                ("resnet", "a", 5e-4, 0.97, 300, "criterion"), ("resnet", "a", 2e-3, 0.99, 500, "criterion"),
+                ("swin", "a", 5e-4, 0.99, 3000, "plateau"), ("swin", "a", 2e-3, 0.96, 900, "criterion"),
+                ("mixer", "a", 5e-4, 0.97, 400, "criterion"), ("mixer", "a", 2e-3, 0.98, 400, "criterion"),
+                ("deit", "a", 5e-4, 0.60, 400, "race"), ("deit", "a", 2e-3, 0.96, 400, "criterion"),
                 ("nomix", "a", 5e-4, 0.50, 500, "plateau"), ("nomix", "a", 2e-3, 0.50, 500, "plateau")])
     chosen = tune.choose(t, [5e-4, 2e-3]).set_index("arch").lr
-    assert chosen.to_dict() == {"vit": 2e-3, "resnet": 5e-4, "nomix": 5e-4}
+    # none held: best validation; held: fewer steps, even at a lower accuracy; held beats a higher accuracy that
+    # did not hold; equal steps: the higher accuracy; a raced trial lost
+    assert chosen.to_dict() == {"vit": 2e-3, "resnet": 5e-4, "swin": 2e-3, "mixer": 2e-3, "deit": 2e-3,
+                                "nomix": 5e-4}
     assert tune.choose(t, [2e-3, 5e-4]).set_index("arch").lr["nomix"] == 2e-3  # the listed order breaks a full tie
+
+
+def test_race_step_is_the_fewest_steps_to_criterion_of_the_cell_so_far():
+    t = trials([("vit", "a", 2e-3, 0.96, 700, "criterion"), ("vit", "a", 1e-3, 0.97, 500, "criterion"),
+                ("resnet", "a", 2e-3, 0.90, 3000, "cap"), ("vit", "b", 2e-3, 0.99, 300, "criterion")])
+    assert tune.race_steps(t) == {("vit", "a"): 500, ("vit", "b"): 300}  # resnet held nothing: its trials run on
+    assert tune.race_steps(trials([])) == {}
 
 
 def test_a_cell_missing_a_trial_is_refused():
@@ -72,9 +86,11 @@ def test_choice_file_missing_a_cell_is_one_line(tmp_path):
 
 def test_tune_stage_trains_every_trial_and_train_uses_the_choice(copy_workspace):
     ws = copy_workspace
+    # criterion 0: every trial holds it at its second validation, so round 2 races round 1's steps to criterion
     raw = tiny_repo.params_with({"tasks": {"names": ["alignment"]}, "tune": {"lrs": [1e-3, 3e-3], "seed": 7},
                                  "train": {"archs": {"vit": {"models": "vit", "tasks": ["alignment"]}}, "grids": {},
-                                           "seeds": [0]},
+                                           "seeds": [0], "criterion": {"accuracy": 0.0, "hold": 2},
+                                           "recipe": {"budget_mode": "criterion"}},
                                  "distill": {"students": {}}})
     tiny_repo.write_params(ws / "params.yaml", raw)
     params = load_params(ws / "params.yaml")
@@ -86,7 +102,11 @@ def test_tune_stage_trains_every_trial_and_train_uses_the_choice(copy_workspace)
                                 "--report", str(ws / "reports/tune")]) == 0
     table = pd.read_csv(ws / "reports/tune/trials.csv")
     assert sorted(table.lr) == [1e-3, 3e-3] and set(table.arch) == {"vit"}
-    best = table.sort_values(["val_acc", "steps_done"], ascending=[False, True]).iloc[0]
+    assert set(table.stop_reason) == {"criterion"} and table.steps_done.nunique() == 1  # held at the same step
+    best = table.sort_values(["val_acc", "lr"], ascending=[False, True]).iloc[0]  # equal steps: accuracy, order
+    races = {m["lr"]: m.get("race") for m in map(json.loads, map(Path.read_text,
+                                                                 (ws / "data/tune/runs").rglob("metrics.json")))}
+    assert races == {1e-3: None, 3e-3: int(table.steps_done.iloc[0])}  # round 2 raced round 1
     choice = json.loads((ws / "data/tune/choice.json").read_text())
     assert choice["lrs"] == {"vit/alignment": best.lr} and choice["trials_per_cell"] == 2
     assert "vit" in (ws / "reports/tune/tuning.md").read_text()

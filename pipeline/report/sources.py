@@ -39,7 +39,7 @@ def read_metrics(root: Path | None, source: str) -> list[dict]:
     return out
 
 
-STOP_REASONS = ("criterion", "plateau", "cap")
+STOP_REASONS = ("criterion", "plateau", "cap", "race")
 
 
 def run_outcome(m: dict) -> dict:

@@ -157,9 +157,14 @@ def check_launch(rt) -> None:
                           "train.runtime.scheduler")
 
 
-def run_training(stage: str, specs: list, params: Params, args: argparse.Namespace) -> list[dict]:
+_cpu_reported = 0.0  # this process's CPU seconds already printed by run_training
+
+
+def run_training(stage: str, specs: list, params: Params, args: argparse.Namespace,
+                 keep: tuple[Path, ...] = (), name: str | None = None) -> list[dict]:
     """Run ``specs`` as the runs of ``stage`` in one worker pool (finished ones are kept, interrupted ones resume),
-    then drop the outputs of runs no longer configured; returns every run's metrics.
+    then drop the outputs of runs no longer configured (``keep``: other run folders of the stage, e.g. an
+    earlier round's); ``name``: the parent MLflow run's, default ``stage``. Returns every run's metrics.
 
     The workers start first and import the training stack while this process imports its own, checks the
     inputs and opens the MLflow runs; Lightning is imported only where a run fits (a worker, or this process
@@ -171,13 +176,16 @@ def run_training(stage: str, specs: list, params: Params, args: argparse.Namespa
     with worker_pool(rt.workers if len(specs) > 1 else 1, rt.scheduler, WORKER_IMPORTS) as pool:
         from pipeline.experiment import execute, prune
 
-        results = execute(specs, params, stage, args.ckpt, pool)
-    prune(args.out, [s.out_dir for s in specs])  # after success: a failed stage changes nothing
+        results = execute(specs, params, stage, args.ckpt, pool, name)
+    prune(args.out, [*keep, *(s.out_dir for s in specs)])  # after success: a failed stage changes nothing
     for folder in (args.out, args.ckpt):  # DVC outputs, even when no run is configured
         folder.mkdir(parents=True, exist_ok=True)
     # what this process took from the cores the workers train on (bench.repro_breakdown reads this line)
+    # (since the previous call: a stage that trains in rounds prints one line per round, and they add up)
+    global _cpu_reported
     cpu = resource.getrusage(resource.RUSAGE_SELF)
-    print(f"{stage}: {len(specs)} runs; the stage process used {cpu.ru_utime + cpu.ru_stime:.1f} s of CPU "
+    used, _cpu_reported = cpu.ru_utime + cpu.ru_stime - _cpu_reported, cpu.ru_utime + cpu.ru_stime
+    print(f"{stage}: {len(specs)} runs; the stage process used {used:.1f} s of CPU "
           "(imports, input checks, writing outputs, MLflow)", flush=True)
     return results
 

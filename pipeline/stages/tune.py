@@ -1,12 +1,14 @@
 """`tune` stage: matched learning-rate trials for every cell of the main grid (pipeline/tune.py states the policy).
 
 Outputs: ``--choice`` (the learning rate of every (arch, task) cell: what the train stage reads), the trials'
-runs under ``<out>/lr<lr>/`` and ``<report>/tuning.md`` + ``trials.csv``. With one value in
-``tune.lrs`` nothing trains and every cell gets that value.
+runs under ``<out>/lr<lr>/`` and ``<report>/tuning.md`` + ``trials.csv``. The trials run in one round per value
+of ``tune.lrs``, in order, each round racing the ones before it. With one value in ``tune.lrs`` nothing trains
+and every cell gets that value.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from pipeline.stages.common import parse_stage, run_folders, run_training, stage_main, training_parser
@@ -28,7 +30,12 @@ def main(argv: list[str] | None = None) -> None:
         from pipeline.experiment import prune
 
         prune(args.out, [])
-    trials = tune.trial_table(run_training("tune", specs, params, args) if specs else [])
+    metrics, every = [], tuple(s.out_dir for s in specs)  # no round prunes another round's trials
+    for i, lr in enumerate(params.tune.lrs if specs else [], 1):  # rounds in the listed order, each racing the last
+        race = tune.race_steps(tune.trial_table(metrics))
+        batch = [replace(s, race=race.get((s.key.arch, s.key.task))) for s in specs if s.lr == lr]
+        metrics += run_training("tune", batch, params, args, keep=every, name=f"tune, round {i}: lr {lr:g}")
+    trials = tune.trial_table(metrics)
     chosen = tune.choose(trials, params.tune.lrs) if specs else None
     if specs:
         write_text(args.report / "trials.csv", trials.to_csv(index=False))
