@@ -82,15 +82,17 @@ def forward_flops(params, models) -> dict[str, int]:
     return {m: analytic_forward_flops(m, params, solve_width(m, params, k), k) for m in models}
 
 
-def run_table(params, cells: dict[str, dict], scale: dict[str, float] | None = None) -> pd.DataFrame:
+def run_table(params, cells: dict[str, dict], scale: dict[str, float] | None = None,
+              tune_cells: dict[str, dict] | None = None) -> pd.DataFrame:
     """One row per run of the profile with its expected and capped seconds on the study's machine (each step's
-    time times ``scale`` of its model: see :func:`flops_scale`)."""
+    time times ``scale`` of its model: see :func:`flops_scale`). Tune trials are priced from the study's trials
+    (``tune_cells``: they stop by the race as well) where it has them, else like the other runs."""
     at = Folders(*[Path(".")] * 5)
     rows = []
     for stage, specs in (("tune", tune_specs(params, at)), ("teacher", teacher_specs(params, at)),
                          ("train", train_specs(params, at))):
         for s in specs:
-            f = cell_figures(cells, s.key.arch, s.key.task)
+            f = cell_figures(tune_cells if stage == "tune" and tune_cells else cells, s.key.arch, s.key.task)
             step_s = f["ms_per_step"] / 1e3 * (scale or {}).get(s.model, 1.0)
             rows.append({"stage": stage, "arch": s.key.arch, "task": s.key.task,
                          "expected_s": expected_steps(f, s.key.steps, s.key.budget_mode) * step_s + f["other_s"],
@@ -104,7 +106,8 @@ def estimate(params, timing: dict, factor: float, study=None) -> pd.DataFrame:
     t = timing["training"]
     workers = params.train.runtime.workers
     overhead = t["worker_s"] / t["run_s"]  # the study's training worker time per second inside its runs
-    runs = run_table(params, t["cells"], flops_scale(params, study) if study is not None else None)
+    runs = run_table(params, t["cells"], flops_scale(params, study) if study is not None else None,
+                     t.get("tune_cells"))
     table = runs.groupby("stage").agg(runs=("arch", "size"), expected_s=("expected_s", "sum"),
                                       cap_s=("cap_s", "sum"))
     table[["expected_s", "cap_s"]] *= factor * overhead / workers

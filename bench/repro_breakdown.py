@@ -201,7 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     t |= {"steps_share": t["steps_s"] / max(t["worker_s"], 1e-9),
           "steps_share_of_runs": float(whole.steps_s / whole.run_s)}
     t["ms_per_step"] = {a: round(float(v), 3) for a, v in per_arch.ms_per_step.dropna().items()}
-    t["cells"] = cell_costs(runs.dropna(subset=["task", "optimizer_steps", "cap"]))
+    # tune trials apart: they stop by the race (pipeline/tune.py), which the study's runs never do
+    priced = runs.dropna(subset=["task", "optimizer_steps", "cap"])
+    t["cells"] = cell_costs(priced[priced.stage != "tune"])
+    t["tune_cells"] = cell_costs(priced[priced.stage == "tune"])
     timing = {**times, "total": total, "training": t}
     if args.phases:
         from bench import overheads

@@ -169,6 +169,27 @@ def test_estimate_prices_every_run_of_a_profile():
     assert "data@natural" not in table.index and "tune" not in table.index
 
 
+def test_tune_trials_are_priced_from_the_study_trials():
+    # raced trials stop earlier than the cell's study runs: a timing file with tune_cells prices them apart
+    from bench import estimate
+    from pipeline.config import load_params
+    from pipeline.grid import Folders, tune_specs
+
+    params = load_params("params.yaml")
+    n_tune = len(tune_specs(params, Folders(*[Path(".")] * 5)))
+    runs = {"ms_per_step": 10.0, "other_s": 1.0, "cap_share": 1.0}
+    trials = {"ms_per_step": 10.0, "other_s": 1.0, "cap_share": 0.1}
+    timing = {"training": {"worker_s": 1.0, "run_s": 1.0, "cells": {"vit/scale": runs},
+                           "tune_cells": {"vit/scale": trials}}}
+    table = estimate.estimate(params, timing, factor=1.0)
+    steps = params.train.recipe.steps
+    workers = params.train.runtime.workers
+    assert table.loc["tune", "expected_s"] == pytest.approx(n_tune * (steps * 0.1 * 0.01 + 1.0) / workers)
+    timing["training"].pop("tune_cells")  # an older timing file: trials priced like the runs
+    table = estimate.estimate(params, timing, factor=1.0)
+    assert table.loc["tune", "expected_s"] == pytest.approx(n_tune * (steps * 0.01 + 1.0) / workers)
+
+
 def test_early_stops_stay_at_their_step_under_another_cap():
     # a criterion stop happens at a step: doubling the cap moves only the runs that ran to it
     import pandas as pd
