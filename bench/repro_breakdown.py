@@ -179,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--phases", action="store_true",
                     help="also time 1000 training steps of vit, swin and resnet here (bench phases), so another "
                          "machine's repro can be compared with this one; run it on the repro's machine")
+    ap.add_argument("--phases-from", type=Path, metavar="TIMING",
+                    help="instead of --phases: the step times an earlier run of this command measured right after "
+                         "the same repro (its repro_timing.json), e.g. to add a profile to --compare later")
     ap.add_argument("--compare", nargs="*", default=[], metavar="NAME=TIMING",
                     help="other profiles' repro_timing.json, tabled beside this one (e.g. quick=reports/quick/"
                          "repro_timing.json)")
@@ -206,7 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     t["cells"] = cell_costs(priced[priced.stage != "tune"])
     t["tune_cells"] = cell_costs(priced[priced.stage == "tune"])
     timing = {**times, "total": total, "training": t}
-    if args.phases:
+    if args.phases_from is not None:
+        kept = json.loads(args.phases_from.read_text()).get("machine_steps_s")
+        if kept is None:
+            raise SystemExit(f"error: --phases-from {args.phases_from}: no machine_steps_s (written by --phases)")
+        timing["machine_steps_s"] = kept
+    elif args.phases:
         from bench import overheads
 
         timing["machine_steps_s"] = {"steps": PHASE_STEPS, "s": {

@@ -51,6 +51,17 @@ def test_breakdown_of_a_small_repro(tmp_path):
     timing = json.loads((tmp_path / "out/repro_timing.json").read_text())
     assert timing["total"] == 60.0 and timing["training"]["steps_share_of_runs"] == 90.0 / 110.0
     assert timing["training"]["ms_per_step"] == {"resnet": 125.0, "vit": 100.0}  # 50 s and 40 s over 400 steps
+    # the step times measured right after a repro, kept when the breakdown is written again (a profile added later)
+    kept = {"steps": 1000, "s": {"vit": 9.5}}
+    (tmp_path / "out/repro_timing.json").write_text(json.dumps({**timing, "machine_steps_s": kept}))
+    assert repro_breakdown.main(["--log", str(log), "--repo", str(tmp_path), "--out", str(tmp_path / "out"),
+                                 "--phases-from", str(tmp_path / "out/repro_timing.json")]) == 0
+    assert json.loads((tmp_path / "out/repro_timing.json").read_text())["machine_steps_s"] == kept
+    plain = tmp_path / "plain.json"
+    plain.write_text("{}")
+    with pytest.raises(SystemExit, match="no machine_steps_s"):
+        repro_breakdown.main(["--log", str(log), "--repo", str(tmp_path), "--out", str(tmp_path / "o2"),
+                              "--phases-from", str(plain)])
 
 
 def test_cost_per_decided_question_and_what_stops_saved(tmp_path):
