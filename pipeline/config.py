@@ -204,6 +204,13 @@ class Grid(Section):
             raise ValueError("augment: false needs tasks: [natural] (only natural images have training views)")
         return self
 
+    def steps_at(self, size: int, recipe: Recipe) -> list[int]:
+        """The grid's step counts at one training-set size: its ``steps``, ``epochs`` passes over ``size`` images,
+        or the recipe's."""
+        if self.epochs is not None:
+            return [math.ceil(self.epochs * size / recipe.batch_size)]
+        return self.steps or [recipe.steps]
+
 
 class Recipe(Section):
     """One recipe for every architecture: tuning effort is matched by construction (the same knobs for all)."""
@@ -282,9 +289,7 @@ class Train(Section):
         for name, grid in self.grids.items():
             if unknown := [a for a in grid.archs or [] if a not in self.archs]:
                 raise ValueError(f"grids.{name}.archs: {unknown} not in train.archs")
-            fewest = min([*(grid.steps or []), *(math.ceil(grid.epochs * n / self.recipe.batch_size)
-                                                 for n in (grid.sizes or [self.size]) if grid.epochs)]
-                         or [self.recipe.steps])
+            fewest = min(s for n in grid.sizes or [self.size] for s in grid.steps_at(n, self.recipe))
             if fewest <= self.recipe.warmup_steps:
                 raise ValueError(f"grids.{name}: a run of {fewest} steps never leaves recipe.warmup_steps "
                                  f"{self.recipe.warmup_steps} (more epochs or steps, or a shorter warm-up)")

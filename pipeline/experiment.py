@@ -1,7 +1,8 @@
 """Training runs as four named steps: ``prepare`` (stage process) -> ``fit`` -> ``evaluate`` (worker) -> ``record``.
 
-* ``prepare``: a run's identity, skip it if finished, keep its checkpoint only if made by this identity, open
-  (or reopen) its MLflow run.
+* ``prepare``: a run's identity, skip it if finished, keep its checkpoint only if made by this identity. Its MLflow
+  run is opened (or reopened) when its worker starts (:class:`LiveRuns`), so a run's duration is its own and not
+  its wait in the pool.
 * ``fit``: load the data, build the model, train with Lightning (resuming exactly from the last checkpoint).
 * ``evaluate``: pure: logits in, accuracies out.
 * ``record``: the stage process writes ``weights.pt``, ``predictions.npz`` and last ``metrics.json``, and logs
@@ -42,7 +43,7 @@ from pipeline.provenance import (
     run_archs,
     run_params,
 )
-from pipeline.schemas import CHECKPOINT_CONFIG, CURVE_POINT, RUN_METRICS
+from pipeline.schemas import CHECKPOINT_CONFIG, CURVE_POINT, RUN_METRICS, RUN_STARTED
 from pipeline.split import load_split, relabel, subset, training_indices, transfer_set
 
 
@@ -171,18 +172,6 @@ def run_tags(spec: RunSpec, ident: str, params: Params) -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------- fit (worker)
-def _trainer(job: Job, steps: int, callbacks: list):
-    import lightning as L
-
-    rt, recipe = job.params.train.runtime, job.params.train.recipe
-    return L.Trainer(
-        max_steps=steps, accelerator=rt.accelerator, devices=rt.devices, strategy=rt.strategy,
-        num_nodes=rt.num_nodes, precision=rt.precision, deterministic=True, logger=False,
-        callbacks=callbacks, val_check_interval=min(rt.val_every_steps, steps), check_val_every_n_epoch=None,
-        log_every_n_steps=rt.log_every_steps, gradient_clip_val=recipe.grad_clip or None,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
-
-
 def learning_rate(spec: RunSpec, params: Params) -> float:
     """The run's learning rate: its cell's tuned one (or a trial's own), else ``train.recipe.lr``."""
     return params.train.recipe.lr if spec.lr is None else spec.lr
@@ -251,6 +240,7 @@ def fit(job: Job) -> dict:
     import lightning as L
     import torch
 
+    from pipeline import learner
     from pipeline.learner import ArrayData, quiet_lightning
     from pipeline.models import build_model
     from pipeline.predict import to_tensor
@@ -258,6 +248,7 @@ def fit(job: Job) -> dict:
     quiet_lightning()
     t_run = time.perf_counter()
     spec, params = job.spec, job.params
+    write_json(spec.ckpt_dir / STARTED, {"started": time.time()})  # the stage process opens its MLflow run now
     recipe, rt = params.train.recipe, params.train.runtime
     split, manifest = load_split(spec)
     train_idx = training_indices(spec, split, params)
@@ -273,7 +264,7 @@ def fit(job: Job) -> dict:
     data = ArrayData(split, "fit", recipe.batch_size, rt.eval_batch_size, spec.key.seed, total_steps=steps,
                      labels=labels, targets=targets)
     timer, stop, curves, callbacks = _callbacks(spec, params, steps, split.num_classes)
-    trainer = _trainer(job, steps, callbacks)
+    trainer = learner.trainer(rt, recipe.grad_clip, steps, rt.val_every_steps, callbacks)
     start = int(torch.load(job.resume_from, weights_only=True)["global_step"]) if job.resume_from else 0
     t0 = time.perf_counter()
     try:
@@ -458,7 +449,7 @@ def record(job: Job, result: dict, tracker: tracking.StageRun, run_id: str,
            streamed: frozenset[tuple[int, str]] = frozenset()) -> dict:
     """Write the run's files (``metrics.json`` last: its presence marks the run finished) and log it.
 
-    ``streamed``: the (step, metric) points :class:`LiveCurves` already logged while it trained."""
+    ``streamed``: the (step, metric) points :class:`LiveRuns` already logged while it trained."""
     import torch
 
     from pipeline.learner import val_point
@@ -493,25 +484,41 @@ def record(job: Job, result: dict, tracker: tracking.StageRun, run_id: str,
 
 # --------------------------------------------------------------------------- orchestration
 LIVE = "live.jsonl"  # in a run's checkpoint folder: its curve points, appended by the worker as they exist
-LIVE_EVERY_S = 2.0  # how often the stage process streams them to MLflow
+STARTED = "started.json"  # in a run's checkpoint folder: when its worker began (written by fit)
+LIVE_EVERY_S = 2.0  # how often the stage process looks for started runs and streams their points to MLflow
 
 
-class LiveCurves:
-    """Streams each running run's curve points (``<ckpt>/live.jsonl``) to its MLflow run every ``every_s``
-    seconds, from a thread of the stage process, so the UI shows curves while runs train.
+@dataclass
+class Opening:
+    """What a run's MLflow run is opened with once its worker starts."""
 
-    Best effort: a point it could not log is logged with the run's final record (which skips the
+    name: str
+    folder: Path  # the run's checkpoint folder: its start stamp, live points and config.json
+    identity: str
+    tags: dict[str, str]
+    params: dict
+    resume: str | None = None  # the MLflow run of the checkpoint it resumes: reopened, not replaced
+    run_id: str | None = None
+
+
+class LiveRuns:
+    """From a thread of the stage process, every ``every_s`` seconds: opens the MLflow run of each run whose worker
+    has started (stamped with the worker's start time, so a run queued behind others does not count its wait), and
+    streams each open run's curve points (``<ckpt>/live.jsonl``), so the UI shows curves while runs train.
+
+    Streaming is best effort: a point it could not log is logged with the run's final record (which skips the
     ``streamed`` ones), so a store fault here loses nothing."""
 
     def __init__(self, tracker: tracking.StageRun, every_s: float | None = None):
         self.tracker, self.every_s = tracker, LIVE_EVERY_S if every_s is None else every_s
-        self.files: dict[str, tuple[Path, int]] = {}  # run id -> (live file, bytes read)
+        self.runs: dict[str, Opening] = {}
+        self.offsets: dict[str, int] = {}  # run name -> bytes of its live file read
         self.logged: dict[str, set[tuple[int, str]]] = {}
         # held by whoever talks to the store: the stage's own calls and this thread's never overlap
         self.lock, self.stop = threading.RLock(), threading.Event()
-        self.thread = threading.Thread(target=self._loop, name="live-curves", daemon=True)
+        self.thread = threading.Thread(target=self._loop, name="live-runs", daemon=True)
 
-    def __enter__(self) -> LiveCurves:
+    def __enter__(self) -> LiveRuns:
         self.thread.start()
         return self
 
@@ -519,31 +526,56 @@ class LiveCurves:
         self.stop.set()
         self.thread.join()
 
-    def watch(self, run_id: str, path: Path) -> None:
+    def watch(self, opening: Opening) -> None:
         with self.lock:
-            self.files[run_id], self.logged[run_id] = (path, 0), set()
+            self.runs[opening.name], self.offsets[opening.name], self.logged[opening.name] = opening, 0, set()
 
-    def done(self, run_id: str) -> frozenset[tuple[int, str]]:
-        """Stop streaming ``run_id``; the points already logged."""
+    def run_id(self, name: str) -> str:
+        """The run's MLflow run, opened now if the thread has not yet (a run shorter than a poll, a failed one)."""
         with self.lock:
-            self.files.pop(run_id, None)
-            return frozenset(self.logged.pop(run_id, ()))
+            run = self.runs[name]
+            if run.run_id is None:
+                self._open(run, _started(run.folder) or time.time())
+            return run.run_id
+
+    def opened(self, name: str) -> str | None:
+        return self.runs[name].run_id
+
+    def done(self, name: str) -> tuple[str, frozenset[tuple[int, str]]]:
+        """Stop watching ``name``: its MLflow run and the points already logged to it."""
+        with self.lock:
+            run_id = self.run_id(name)
+            self.runs.pop(name), self.offsets.pop(name)
+            return run_id, frozenset(self.logged.pop(name))
+
+    def _open(self, run: Opening, started: float) -> None:
+        run.run_id = self.tracker.open(run.name, run.tags, run.params, run.resume, start_time=started)
+        write_json(run.folder / "config.json", {"identity": run.identity, "mlflow_run_id": run.run_id})
 
     def _loop(self) -> None:
         while not self.stop.wait(self.every_s):
             try:
                 self.poll()
-            except Exception:  # noqa: BLE001  the final record logs what this missed; the stage goes on
+            except Exception:  # noqa: BLE001  the final record opens and logs what this missed; the stage goes on
                 return
 
     def poll(self) -> None:
         with self.lock:
-            for run_id, (path, offset) in list(self.files.items()):
-                points, offset = read_new_lines(path, offset, CURVE_POINT)
+            for name, run in list(self.runs.items()):
+                if run.run_id is None:
+                    if (started := _started(run.folder)) is None:
+                        continue  # still waiting for a worker
+                    self._open(run, started)
+                points, self.offsets[name] = read_new_lines(run.folder / LIVE, self.offsets[name], CURVE_POINT)
                 if points:
-                    self.tracker.log(run_id, series=points)
-                    self.logged[run_id] |= {(p["step"], k) for p in points for k in p if k != "step"}
-                self.files[run_id] = (path, offset)
+                    self.tracker.log(run.run_id, series=points)
+                    self.logged[name] |= {(p["step"], k) for p in points for k in p if k != "step"}
+
+
+def _started(folder: Path) -> float | None:
+    """When the run's worker began (seconds since the epoch), or None before it has."""
+    path = folder / STARTED
+    return read_json(path, RUN_STARTED)["started"] if path.exists() else None
 
 
 def _log_dir(ckpt_root: Path) -> Path:
@@ -552,9 +584,9 @@ def _log_dir(ckpt_root: Path) -> Path:
     return dvc / "tmp" / "logs" if dvc.is_dir() else ckpt_root / "logs"
 
 
-def _open(specs: list[RunSpec], params: Params, tracker: tracking.StageRun) -> tuple[list, dict, list]:
-    """prepare: skip finished runs, open (or reopen) the MLflow run of every other one."""
-    jobs, run_ids, done = [], {}, []
+def _prepare(specs: list[RunSpec], params: Params) -> tuple[list[Job], list[Opening], list[dict]]:
+    """prepare: skip finished runs; of every other one, what its MLflow run is opened with when its worker starts."""
+    jobs, openings, done = [], [], []
     uri = tracking.tracking_uri(params)
     for spec in specs:
         ident = identity(spec, params)
@@ -564,13 +596,15 @@ def _open(specs: list[RunSpec], params: Params, tracker: tracking.StageRun) -> t
             done.append(m)
             continue
         resume_from, run_id = prepare_ckpt(spec.ckpt_dir, ident, uri)
+        (spec.ckpt_dir / STARTED).unlink(missing_ok=True)  # an interrupted worker's: this one stamps its own
         read = run_params(params, spec)
         params_log = {**read, "run": {**spec.key.__dict__, "model": spec.model, "teacher": spec.teacher,
                                       **({"race": spec.race} if spec.race is not None else {})}}
-        run_ids[spec.name] = tracker.open(spec.name, run_tags(spec, ident, params), params_log, run_id)
-        write_json(spec.ckpt_dir / "config.json", {"identity": ident, "mlflow_run_id": run_ids[spec.name]})
+        # the MLflow run a resumable checkpoint belongs to stays named here until the run reopens it
+        write_json(spec.ckpt_dir / "config.json", {"identity": ident, "mlflow_run_id": run_id})
+        openings.append(Opening(spec.name, spec.ckpt_dir, ident, run_tags(spec, ident, params), params_log, run_id))
         jobs.append(Job(spec, params, ident, resume_from))
-    return jobs, run_ids, done
+    return jobs, openings, done
 
 
 # Relative cost of one optimizer step against vit's (ms per step of the study of 42292e9,
@@ -595,28 +629,28 @@ def execute(specs: list[RunSpec], params: Params, stage: str, ckpt_root: Path, p
           flush=True)
     check_inputs(specs, params)
     with exclusive(ckpt_root, f"the {stage} stage"), tracking.stage_run(params, stage, name or stage) as tracker:
-        jobs, run_ids, results = _open(specs, params, tracker)
+        jobs, openings, results = _prepare(specs, params)
         pending = {j.spec.name: j for j in jobs}
-        live = LiveCurves(tracker)
-        for job in jobs:
-            live.watch(run_ids[job.spec.name], job.spec.ckpt_dir / LIVE)
+        live = LiveRuns(tracker)
+        for opening in openings:
+            live.watch(opening)
         try:
             rt = params.train.runtime
             with live:
                 for job, result in map_runs(fit, jobs, workers=rt.workers, threads=rt.threads,
                                             scheduler=rt.scheduler, describe=lambda j: j.spec.name,
                                             log_dir=_log_dir(ckpt_root), cost=run_cost, pool=pool):
-                    run_id = run_ids[job.spec.name]
                     with live.lock:
-                        results.append(m := record(job, result, tracker, run_id, live.done(run_id)))
+                        results.append(m := record(job, result, tracker, *live.done(job.spec.name)))
                     pending.pop(job.spec.name)
                     print(f"  {job.spec.name}: test acc {m['test_acc']:.3f}", flush=True)
         except RunFailed as err:
-            for run_name, job in pending.items():  # the failed run: FAILED; the others can resume
+            for run_name, job in pending.items():  # the failed run: FAILED; the started others can resume
                 if run_name != err.name:
-                    tracker.kill(run_ids[run_name])
+                    if (run_id := live.opened(run_name)) is not None:
+                        tracker.kill(run_id)
                     continue
-                tracker.fail(run_ids[run_name])
+                tracker.fail(live.run_id(run_name))
                 if err.summary.startswith("FloatingPointError"):  # a diverged run's checkpoints are worthless
                     remove_run_dir(job.spec.ckpt_dir, ckpt_root)
             raise

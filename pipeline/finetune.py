@@ -110,6 +110,7 @@ def fine_tune(job: Job) -> dict:
     import lightning as L
     import torch
 
+    from pipeline import learner
     from pipeline.learner import ArrayData, Classifier, quiet_lightning
     from pipeline.report.sources import read_model
     from pipeline.resolution import at_resolution, position_kind
@@ -135,11 +136,7 @@ def fine_tune(job: Job) -> dict:
     module = Classifier(model.train(), lr=ft.lr, weight_decay=r.weight_decay, warmup_steps=ft.warmup_steps,
                         total_steps=ft.steps, min_lr_ratio=0.0, label_smoothing=r.label_smoothing, crop_pad=pad,
                         flip=views.get("flip", False), seed=spec.key.seed)
-    trainer = L.Trainer(max_steps=ft.steps, accelerator=rt.accelerator, devices=rt.devices, precision=rt.precision,
-                        deterministic=True, logger=False, enable_checkpointing=False,
-                        val_check_interval=ft.steps, check_val_every_n_epoch=None,
-                        gradient_clip_val=r.grad_clip or None, enable_progress_bar=False,
-                        enable_model_summary=False, num_sanity_val_steps=0)
+    trainer = learner.trainer(rt, r.grad_clip, ft.steps, ft.steps, enable_checkpointing=False)
     data = ArrayData(big, "fit", ft.batch_size, rt.eval_batch_size, spec.key.seed, total_steps=ft.steps)
     trainer.fit(module, datamodule=data)
     tuned = _accuracy(model.cpu().eval(), big.images[test], big.labels[test], rt.eval_batch_size)

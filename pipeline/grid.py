@@ -8,7 +8,6 @@ arch of a distilled student (or None).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -73,17 +72,9 @@ def train_keys(params: Params, arch: str) -> list[RunKey]:
         keys += [RunKey(task, arch, seed, size, steps, grid.budget_mode or r.budget_mode, data_seed,
                         grid.augment is not False)
                  for task in grid.tasks or t.archs[arch].tasks for size in grid.sizes or [t.size]
-                 for steps in grid_steps(grid, size, r) for seed in grid.seeds or t.seeds
+                 for steps in grid.steps_at(size, r) for seed in grid.seeds or t.seeds
                  for data_seed in grid.data_seeds or [0]]
     return list(dict.fromkeys(keys))
-
-
-def grid_steps(grid, size: int, recipe) -> list[int]:
-    """A grid's step counts at one training-set size: its ``steps``, ``epochs`` passes over ``size`` images, or the
-    recipe's."""
-    if grid.epochs is not None:
-        return [math.ceil(grid.epochs * size / recipe.batch_size)]
-    return grid.steps or [recipe.steps]
 
 
 def training_views(spec: RunSpec, params: Params) -> dict:

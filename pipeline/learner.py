@@ -403,6 +403,18 @@ class PhaseTimer(L.Callback):
         return self.seconds["steps"] / self.seconds["fit"] if self.seconds["fit"] else 0.0
 
 
+def trainer(runtime, grad_clip: float, steps: int, val_every: int, callbacks: list | None = None,
+            **overrides) -> L.Trainer:
+    """The Lightning Trainer of every fit: bounded by optimizer steps, deterministic, validating every ``val_every``
+    steps, no logger (the stage process tracks), quiet."""
+    return L.Trainer(
+        max_steps=steps, accelerator=runtime.accelerator, devices=runtime.devices, strategy=runtime.strategy,
+        num_nodes=runtime.num_nodes, precision=runtime.precision, deterministic=True, logger=False,
+        callbacks=callbacks, val_check_interval=min(val_every, steps), check_val_every_n_epoch=None,
+        log_every_n_steps=runtime.log_every_steps, gradient_clip_val=grad_clip or None,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, **overrides)
+
+
 def quiet_lightning() -> None:
     """Keep stage logs to what a reader needs: Lightning's banners and tips say nothing about the run.
 

@@ -324,8 +324,10 @@ class StageRun:
         self.client, self.experiment_id, self.run_id, self.tags = client, experiment_id, run_id, tags
         self.running: set[str] = set()  # nested runs opened and not ended: ended with the stage if it fails
 
-    def open(self, name: str, tags: dict[str, str], params: dict[str, Any], run_id: str | None = None) -> str:
-        """A nested run (RUNNING), or the resumed ``run_id`` reopened; returns its id."""
+    def open(self, name: str, tags: dict[str, str], params: dict[str, Any], run_id: str | None = None,
+             start_time: float | None = None) -> str:
+        """A nested run (RUNNING) started at ``start_time`` (seconds since the epoch; default now), or the resumed
+        ``run_id`` reopened; returns its id."""
         from mlflow.exceptions import MlflowException
 
         if run_id is not None:
@@ -338,7 +340,8 @@ class StageRun:
         note = run_description(tags)
         all_tags = {**self.tags, **tags, "mlflow.parentRunId": self.run_id,
                     **({"mlflow.note.content": note} if note else {})}
-        run = self.client.create_run(self.experiment_id, run_name=run_label(name), tags=all_tags)
+        start_ms = int(1000 * start_time) if start_time is not None else None
+        run = self.client.create_run(self.experiment_id, run_name=run_label(name), tags=all_tags, start_time=start_ms)
         self.running.add(run.info.run_id)
         self.log(run.info.run_id, params=params)
         return run.info.run_id

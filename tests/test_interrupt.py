@@ -38,9 +38,10 @@ def start(repo: Path, args: list[str]) -> subprocess.Popen:
                             stderr=subprocess.DEVNULL, start_new_session=True)
 
 
-def kill_when(proc: subprocess.Popen, path: Path, timeout: float = 240) -> None:
+def kill_when(proc: subprocess.Popen, path: Path, timeout: float = 240, ready=None) -> None:
+    """SIGKILL the process group once ``path`` exists (and ``ready(path)`` holds, if given)."""
     deadline = time.monotonic() + timeout
-    while not path.exists():
+    while not (path.exists() and (ready is None or ready(path))):
         if proc.poll() is not None:
             pytest.fail(f"finished (rc {proc.returncode}) before {path} appeared: nothing to interrupt")
         if time.monotonic() > deadline:
@@ -49,6 +50,11 @@ def kill_when(proc: subprocess.Popen, path: Path, timeout: float = 240) -> None:
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+def names_a_run(config: Path) -> bool:
+    """The run's worker has started and the stage has opened its MLflow run (config.json names it)."""
+    return config.exists() and json.loads(config.read_text())["mlflow_run_id"] is not None
 
 
 def runs(repo: Path) -> dict[str, str]:
@@ -83,7 +89,7 @@ def resumes_exactly(repo: Path) -> None:
     out = repo / "data/runs/vit" / RUN
 
     proc = start(repo, [str(tiny_repo.VENV_BIN / "dvc"), "repro", "train"])
-    kill_when(proc, ckpt / "last.ckpt")
+    kill_when(proc, ckpt / "last.ckpt", ready=lambda _: names_a_run(ckpt / "config.json"))
     stamp = json.loads((ckpt / "config.json").read_text())
     assert runs(repo)[stamp["mlflow_run_id"]] == "RUNNING"
     assert not (out / "metrics.json").exists()  # nothing half-done is presented as a result
@@ -115,8 +121,8 @@ def killed_before_first_checkpoint(repo: Path) -> None:
     cmd = train_cmd("never.yaml", "data/k", "data/k_ckpt")
 
     proc = start(repo, cmd)
-    kill_when(proc, repo / "data/k_ckpt" / run / "config.json")  # written once its MLflow run exists
-    time.sleep(0.5)
+    # config.json names the MLflow run once the run's worker has started and the stage has opened it
+    kill_when(proc, repo / "data/k_ckpt" / run / "config.json", ready=names_a_run)
     proc_dead = json.loads((repo / "data/k_ckpt" / run / "config.json").read_text())["mlflow_run_id"]
     assert runs(repo)[proc_dead] == "RUNNING"
     assert not (repo / "data/k" / run / "metrics.json").exists()

@@ -117,32 +117,43 @@ def test_git_commit_is_dirty_only_when_what_decides_results_changed(tmp_path, mo
         assert git_commit() == f"{sha}+dirty", rel
 
 
-def test_live_curves_reach_the_run_while_it_trains(tmp_path):
-    """Points a worker appends to its live file are in the MLflow run before the run ends, each once; a line
-    still being written waits for the next poll."""
+def test_live_runs_open_when_the_worker_starts_and_stream_while_it_trains(tmp_path):
+    """A run waiting for a worker has no MLflow run; once the worker stamps its start, the run is opened with that
+    start time (its duration is not its wait in the pool) and config.json names it. Points the worker appends
+    are in the run before it ends, each once; a line still being written waits for the next poll."""
     from mlflow.tracking import MlflowClient
     from test_tracking_faults import params_for
 
     from pipeline import tracking
-    from pipeline.experiment import LiveCurves
+    from pipeline.experiment import STARTED, LiveRuns, Opening
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     live = tmp_path / "live.jsonl"
+    client = MlflowClient(tracking_uri=uri)
     with tracking.stage_run(params_for(uri), "train", "train") as run:
-        run_id = run.open("train/vit/alignment/s0", {}, {})
-        curves = LiveCurves(run, every_s=3600)  # polled by hand here
-        curves.watch(run_id, live)
+        runs = LiveRuns(run, every_s=3600)  # polled by hand here
+        runs.watch(Opening("train/vit/alignment/s0", tmp_path, "abc", {"arch": "vit"}, {"lr": 0.001}))
+        runs.poll()
+        assert runs.opened("train/vit/alignment/s0") is None  # queued: nothing in MLflow yet
+        assert len(client.search_runs([run.experiment_id])) == 1  # the stage's parent run only
+
+        started = time.time() - 120  # the worker began two minutes before this poll
+        (tmp_path / STARTED).write_text(json.dumps({"started": started}))
         live.write_text('{"step": 0, "train/loss": 1.5, "lr": 0.001}\n{"step": 100, "val/acc": 0.5')
-        curves.poll()
-        client = MlflowClient(tracking_uri=uri)
+        runs.poll()
+        run_id = runs.opened("train/vit/alignment/s0")
+        info = client.get_run(run_id)
+        assert info.info.start_time == int(1000 * started) and info.info.status == "RUNNING"
+        assert info.data.tags["arch"] == "vit" and info.data.params["lr"] == "0.001"
+        assert json.loads((tmp_path / "config.json").read_text()) == {"identity": "abc", "mlflow_run_id": run_id}
         assert [m.value for m in client.get_metric_history(run_id, "train/loss")] == [1.5]
         assert client.get_metric_history(run_id, "val/acc") == []  # half a line: not yet
         with live.open("a") as f:
             f.write(', "val/loss": 0.7}\n')
-        curves.poll()
+        runs.poll()
         assert [(m.step, m.value) for m in client.get_metric_history(run_id, "val/acc")] == [(100, 0.5)]
-        assert client.get_run(run_id).info.status == "RUNNING"
-        assert curves.done(run_id) == {(0, "train/loss"), (0, "lr"), (100, "val/acc"), (100, "val/loss")}
+        assert runs.done("train/vit/alignment/s0") == (
+            run_id, {(0, "train/loss"), (0, "lr"), (100, "val/acc"), (100, "val/loss")})
         run.finish(run_id)
 
 
@@ -166,6 +177,29 @@ def test_a_trained_run_logs_each_curve_point_once(copy_workspace, monkeypatch):
     losses = client.get_metric_history(run.info.run_id, "train/loss")
     assert len({m.timestamp for m in losses}) > 1  # arrived over time, not all with the final record
     assert not list((copy_workspace / "data/ckpt/train").rglob(experiment.LIVE))
+
+
+def test_a_queued_run_is_timed_from_its_own_start(copy_workspace):
+    """Two runs on one worker: the second waits for the first, yet its MLflow run starts when its worker does, so
+    the UI's duration is the run's own (the worker's time and the record), not its wait in the pool."""
+    from mlflow.tracking import MlflowClient
+
+    raw = edited(copy_workspace)
+    raw["train"]["archs"] = yaml.safe_load((copy_workspace / "params.yaml").read_text())["train"]["archs"]
+    with mlflow_store(copy_workspace):
+        assert train.main(stage(copy_workspace, raw)) == 0
+    client = MlflowClient(tracking_uri=f"sqlite:///{copy_workspace / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("bias-train")
+    runs = sorted((r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" in r.data.tags),
+                  key=lambda r: r.info.start_time)
+    assert [r.data.tags["arch"] for r in runs] and len(runs) == 2
+    worker_s = [json.loads(next((copy_workspace / "data/runs" / r.data.tags["arch"]).rglob("metrics.json"))
+                           .read_text())["measured"]["run_s"] for r in runs]
+    first, second = runs
+    assert second.info.start_time >= first.info.start_time + 1000 * worker_s[0]  # not opened while it waited
+    for run, own in zip(runs, worker_s, strict=True):
+        duration = (run.info.end_time - run.info.start_time) / 1000
+        assert own <= duration < own + worker_s[0] / 2 + 5, (run.info.run_name, duration, own)
 
 
 def test_every_run_logs_its_network_and_datasets(copy_workspace):

@@ -243,10 +243,9 @@ def learn_note(inp: Inputs, config: dict) -> str:
 
 def epoch_points(params) -> dict[str, list[tuple[int, int, str]]]:
     """Per grid with ``epochs``: its curve's name and (train_size, steps, budget_mode) at each size."""
-    from pipeline.grid import grid_steps
 
     t = params.train
-    return {f"matched epochs ({g.epochs})": [(n, grid_steps(g, n, t.recipe)[0], g.budget_mode or t.recipe.budget_mode)
+    return {f"matched epochs ({g.epochs})": [(n, g.steps_at(n, t.recipe)[0], g.budget_mode or t.recipe.budget_mode)
                                              for n in g.sizes or [t.size]]
             for g in t.grids.values() if g.epochs is not None}
 

@@ -123,9 +123,12 @@ def one_line(message: str) -> str:
     return "; ".join(part.strip() for part in message.splitlines() if part.strip())
 
 
-def training_parser(doc: str | None) -> argparse.ArgumentParser:
-    """The parser of a training stage (train, teacher): the folders it reads and writes (values from dvc.yaml)."""
+def training_parser(doc: str | None, students: bool = True) -> argparse.ArgumentParser:
+    """The parser of a training stage: the folders it reads and writes (values from dvc.yaml); ``students``: it
+    trains DeiT students, so it reads the teacher stage's output (every training stage but ``teacher``)."""
     p = argparse.ArgumentParser(description=doc)
+    if students:
+        p.add_argument("--teachers", type=Path, required=True, help="data/teachers: the teacher stage's output")
     p.add_argument("--data", type=Path, required=True, help="data/tasks (one folder per task)")
     p.add_argument("--slices", type=Path, required=True, help="data/slices (one folder per task)")
     p.add_argument("--out", type=Path, required=True, help="results: one folder per arch, then per run")

@@ -15,7 +15,7 @@ from pipeline.stages.common import parse_stage, run_folders, run_training, stage
 
 @stage_main
 def main(argv: list[str] | None = None) -> None:
-    args, params = parse_stage(training_parser(__doc__), argv)
+    args, params = parse_stage(training_parser(__doc__, students=False), argv)
     from pipeline.grid import teacher_specs
 
     for m in run_training("teacher", teacher_specs(params, run_folders(args)), params, args):

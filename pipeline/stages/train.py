@@ -19,7 +19,6 @@ from pipeline.stages.common import parse_stage, run_folders, run_training, stage
 @stage_main
 def main(argv: list[str] | None = None) -> None:
     parser = training_parser(__doc__)
-    parser.add_argument("--teachers", type=Path, required=True, help="data/teachers: the teacher stage's output")
     parser.add_argument("--tune", type=Path, help="data/tune/choice.json: each cell's learning rate (omitted: "
                         "train.recipe.lr everywhere)")
     args, params = parse_stage(parser, argv)

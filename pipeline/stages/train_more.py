@@ -38,7 +38,6 @@ def plan_specs(plan: dict, params, at, lrs: dict) -> list:
 @stage_main
 def main(argv: list[str] | None = None) -> None:
     parser = training_parser(__doc__)
-    parser.add_argument("--teachers", type=Path, required=True, help="data/teachers: the teacher stage's output")
     parser.add_argument("--tune", type=Path, required=True, help="data/tune/choice.json: each cell's learning rate")
     parser.add_argument("--plan", type=Path, required=True, help="data/plan/plan.json: the plan stage's output")
     args, params = parse_stage(parser, argv)

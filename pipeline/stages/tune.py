@@ -17,7 +17,6 @@ from pipeline.stages.common import parse_stage, run_folders, run_training, stage
 @stage_main
 def main(argv: list[str] | None = None) -> None:
     parser = training_parser(__doc__)
-    parser.add_argument("--teachers", type=Path, required=True, help="data/teachers: the students' teachers")
     parser.add_argument("--choice", type=Path, required=True, help="data/tune/choice.json: each cell's lr")
     parser.add_argument("--report", type=Path, required=True, help="reports/tune: the trial table")
     args, params = parse_stage(parser, argv)
