@@ -5,7 +5,7 @@
 
 Prints and writes (Markdown) what the pipeline costs on this machine, each figure beside its goal:
 
-1. training step time through Lightning (a Trainer configured like ``pipeline.experiment._trainer``) vs a
+1. training step time through Lightning (``pipeline.learner.trainer``) vs a
    plain PyTorch loop on the same model, optimizer, schedule and batches, step by step in alternation
    (goal: total-time ratio <= 1.10, with a bootstrap interval), an A/A control and Lightning's loop cost on a
    linear model;

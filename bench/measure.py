@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from pipeline import budget
+from pipeline import budget, learner
 from pipeline.config import Params
 from pipeline.learner import BatchTensors, Classifier, as_batch
 from pipeline.models import build_model
@@ -84,13 +84,11 @@ def interleaved_steps(model: torch.nn.Module, loader: DataLoader, params: Params
                       skip: int) -> tuple[list[float], list[float], bool]:
     """Per-step seconds (Lightning, plain) of two copies of ``model`` trained side by side on the same batches
     (each fetched from its own pass over ``loader``), and whether they end with bit-identical weights (the same
-    computation both ways); the Trainer is ``pipeline.experiment._trainer``'s settings minus its checkpoints."""
+    computation both ways); the Trainer is ``pipeline.learner.trainer`` minus its checkpoints and validation."""
     rt, r = params.train.runtime, params.train.recipe
     harness = Interleaved(PlainStep(copy.deepcopy(model), loader, params, steps), skip)
-    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, precision=rt.precision, deterministic=True,
-                        logger=False, enable_checkpointing=False, callbacks=[harness], limit_val_batches=0,
-                        gradient_clip_val=r.grad_clip or None, enable_progress_bar=False,
-                        enable_model_summary=False, num_sanity_val_steps=0)
+    trainer = learner.trainer(rt, r.grad_clip, steps, steps, [harness], accelerator="cpu", devices=1,
+                              enable_checkpointing=False, limit_val_batches=0)
     module = _module(copy.deepcopy(model), params, steps)
     trainer.fit(module, train_dataloaders=loader)
     n = len(harness.lightning)  # the last step has no next start

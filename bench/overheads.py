@@ -1,7 +1,7 @@
 """Where one run's wall time goes: ``python -m bench.overheads [--arch vit] [--steps 200] [--repeat 2]``.
 
 One run built from the pipeline's own pieces (``pipeline.learner``'s DataModule, Classifier, Curves and
-:class:`~pipeline.learner.PhaseTimer`; the Trainer settings of ``pipeline.experiment._trainer``, which has no
+:class:`~pipeline.learner.PhaseTimer`; the Trainer of ``pipeline.learner.trainer``, which has no
 logger; a throwaway sqlite MLflow store written before and after the fit, as the stage process writes it) on
 random 16-px data of the task's shape, timed by phase:
 imports (a fresh interpreter), data loading (``np.load`` + tensor conversion), model build, the fit split by
@@ -50,6 +50,7 @@ def one_run(params, arch: str, steps: int, folder: Path, n_train: int, n_val: in
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import MLFlowLogger
 
+    from pipeline import learner
     from pipeline.learner import ArrayData, Classifier, Curves, PhaseTimer
     from pipeline.models import build_model
     from pipeline.predict import predict
@@ -82,14 +83,10 @@ def one_run(params, arch: str, steps: int, folder: Path, n_train: int, n_val: in
     ckpt_dir = folder / f"ckpt_{time.monotonic_ns()}"
     ckpt = ModelCheckpoint(dirpath=ckpt_dir, filename="last", save_top_k=1,
                            every_n_train_steps=rt.checkpoint_every_steps, enable_version_counter=False)
-    trainer = L.Trainer(
-        max_steps=steps, accelerator="cpu", devices=1, precision=rt.precision, deterministic=True,
-        logger=logger if fit_logger else False,
-        callbacks=[timer, ckpt, Curves(arch, steps, rt.log_every_steps, rt.checkpoint_every_steps,
-                                       ckpt_dir / "last.ckpt")],
-        val_check_interval=min(rt.val_every_steps, steps),
-        check_val_every_n_epoch=None, log_every_n_steps=rt.log_every_steps, gradient_clip_val=r.grad_clip or None,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+    trainer = learner.trainer(rt, r.grad_clip, steps, rt.val_every_steps, accelerator="cpu", devices=1,
+                              logger=logger if fit_logger else False,
+                              callbacks=[timer, ckpt, Curves(arch, steps, rt.log_every_steps, rt.checkpoint_every_steps,
+                                                             ckpt_dir / "last.ckpt")])
     trainer.fit(module, datamodule=data)
     phases.update({f"fit/{k}": v for k, v in timer.seconds.items()})
 

@@ -405,14 +405,16 @@ class PhaseTimer(L.Callback):
 
 def trainer(runtime, grad_clip: float, steps: int, val_every: int, callbacks: list | None = None,
             **overrides) -> L.Trainer:
-    """The Lightning Trainer of every fit: bounded by optimizer steps, deterministic, validating every ``val_every``
-    steps, no logger (the stage process tracks), quiet."""
-    return L.Trainer(
+    """The Lightning Trainer of every fit (runs, fine-tunes, the benchmarks): bounded by optimizer steps,
+    deterministic, validating every ``val_every`` steps, no logger (the stage process tracks), quiet; ``overrides``
+    replace any of these settings."""
+    settings = dict(
         max_steps=steps, accelerator=runtime.accelerator, devices=runtime.devices, strategy=runtime.strategy,
         num_nodes=runtime.num_nodes, precision=runtime.precision, deterministic=True, logger=False,
         callbacks=callbacks, val_check_interval=min(val_every, steps), check_val_every_n_epoch=None,
         log_every_n_steps=runtime.log_every_steps, gradient_clip_val=grad_clip or None,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, **overrides)
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+    return L.Trainer(**{**settings, **overrides})
 
 
 def quiet_lightning() -> None:
