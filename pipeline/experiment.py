@@ -272,7 +272,7 @@ def fit(job: Job) -> dict:
     except FloatingPointError as err:
         raise _diverged(err, spec, params) from None
     wall = time.perf_counter() - t0
-    val = trainer.callback_metrics.get("val/acc")
+    val = curves.rows[-1].get("val_acc") if curves.rows else None  # restored too where a resume validates no more
     done = trainer.global_step  # criterion runs may stop before `steps`, the cap
     measured = _measured(job, trainer.global_step - start, wall, timer)
     t_eval = time.perf_counter()
@@ -280,7 +280,7 @@ def fit(job: Job) -> dict:
     # the run's whole time in the worker (data, model, fit, evaluation): what its steps are a share of
     measured.update(evaluate_s=time.perf_counter() - t_eval, run_s=time.perf_counter() - t_run)
     return {"evaluation": evaluation,
-            "val_acc": float(val) if val is not None else None, "curve": curves.rows, "series": curves.series,
+            "val_acc": val, "curve": curves.rows, "series": curves.series,
             "budget": budget.count_budget(spec.model, model, params, done, record), "measured": measured,
             "steps_done": done, "criterion_step": stop.reached_step if stop else None,
             "stop_reason": stop.stop_reason if stop else "cap",

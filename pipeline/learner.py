@@ -267,9 +267,10 @@ class Curves(L.Callback):
                **{k.replace("/", "_"): float(m[k]) for k in ("train/loss", "val/loss", "val/acc") if k in m}}
         self.rows.append(row)
         self._emit(val_point(row))
-        if row["step"] % self.ckpt_every == 0 and row["step"] < self.total:
-            # The step's checkpoint was saved before this validation: save it again so it holds this row
-            # (else a run resumed from it would lack the row: validation at that step does not rerun).
+        if row["step"] % self.ckpt_every == 0:
+            # The step's checkpoint was saved before this validation: save it again so it holds this row and the
+            # stop rule's verdict (else a run resumed from it would lack them: validation at that step does not
+            # rerun; the last step's too, where a resume trains nothing and only restores).
             trainer.save_checkpoint(self.ckpt)
         print(f"  {self.name}: step {row['step']}/{self.total} val acc {row.get('val_acc', float('nan')):.3f}",
               flush=True)

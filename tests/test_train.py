@@ -66,20 +66,23 @@ def interrupting(at_step: int):
 
 @pytest.fixture(scope="module")
 def runs(workspace, tmp_path_factory):
-    """Runs of one key: a, b (same seed, fresh), c (interrupted at step 10, then rerun) and a DeiT student."""
+    """Runs of one key: a, b (same seed, fresh), c (interrupted at step 10, then rerun), last (interrupted after
+    its last step's validation, then rerun) and a DeiT student."""
     params = load_params(workspace / "params.yaml")
     root = tmp_path_factory.mktemp("train_runs")
-    out = {name: root / name for name in ("a", "b", "c", "student", "draw")}
+    out = {name: root / name for name in ("a", "b", "c", "last", "student", "draw")}
     with mlflow_store(root):
         metrics = {name: train(workspace, out[name], params) for name in "ab"}
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(learner, "Curves", interrupting(10))
-            with pytest.raises(RunFailed, match="Interrupt"):
-                train(workspace, out["c"], params)
+        for name, step in (("c", 10), ("last", KEY.steps)):
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(learner, "Curves", interrupting(step))
+                with pytest.raises(RunFailed, match="Interrupt"):
+                    train(workspace, out[name], params)
         ckpt = out["c"] / "ckpt" / KEY.arch / KEY.folder
         stamp = json.loads((ckpt / "config.json").read_text())
         interrupted_files = sorted(p.name for p in ckpt.iterdir())
         metrics["c"] = train(workspace, out["c"], params)
+        metrics["last"] = train(workspace, out["last"], params)
         metrics["draw"] = train(workspace, out["draw"], params, key=RunKey("alignment", "vit", 0, 128, 20, "steps", 1))
         metrics["student"] = train(workspace, out["student"], params, "distill", RunKey(
             "alignment", "deit", 0, 128, 20, "steps"), model="deit", teacher="resnet")
@@ -190,6 +193,17 @@ def test_resume_continues_from_checkpoint(runs):
     assert np.array_equal(logits(runs["out"]["a"]), logits(runs["out"]["c"]))
     assert c["slices"] == runs["metrics"]["a"]["slices"] and c["curve"] == runs["metrics"]["a"]["curve"]
     assert not any((runs["out"]["c"] / "ckpt" / KEY.arch / KEY.folder).iterdir())  # a finished run keeps no checkpoints
+
+
+def test_a_run_cut_after_its_last_validation_resumes_to_the_same_record(runs):
+    """Resumed from its last step's checkpoint, a run trains and validates nothing more: its final validation,
+    curve and stop rule's verdict come back from the checkpoint, so its record equals the uninterrupted one's."""
+    a, last = runs["metrics"]["a"], runs["metrics"]["last"]
+    assert last["measured"]["resumed"] and last["measured"]["steps_this_process"] == 0
+    assert last["val_acc"] == a["val_acc"] is not None
+    assert last["curve"] == a["curve"] and last["curve"][-1]["step"] == KEY.steps
+    assert (last["stop_reason"], last["criterion_step"]) == (a["stop_reason"], a["criterion_step"])
+    assert last["slices"] == a["slices"] and np.array_equal(logits(runs["out"]["a"]), logits(runs["out"]["last"]))
 
 
 def test_regenerated_data_is_a_new_run(copy_workspace, capsys):
