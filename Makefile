@@ -29,11 +29,11 @@ lock:  ## install what pyproject.toml asks for and pin it in constraints.txt
 	  $(BIN)/pip freeze --exclude-editable; } > constraints.txt
 	touch $(STAMP)
 
-repro: $(STAMP)  ## the whole study: dvc repro on params.yaml (about 54 min on 2 cores at 10.0 ms per ViT step; yours: python -m bench.estimate)
+repro: $(STAMP)  ## the whole study: dvc repro on params.yaml (about 63 min on 2 cores at 10.9 ms per ViT step; yours: python -m bench.estimate)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc repro
 
 # Two workers: the CI machine has two cores.
-test: $(STAMP)  ## every test (about 4 min on 2 cores)
+test: $(STAMP)  ## every test (about 9 min on 2 cores)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -n 2
 
 # Between edits: everything that neither runs dvc nor trains (those are marked `slow`; tests/conftest.py).

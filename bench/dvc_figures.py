@@ -1,5 +1,5 @@
-"""What DVC costs around the pipeline: a no-op ``dvc repro``'s time, and whether a report-only param edit leaves
-every non-report stage up to date (so editing a report setting retrains nothing)."""
+"""What DVC costs around the pipeline: a no-op ``dvc repro``'s time, and whether editing a report setting leaves every
+training stage up to date (it retrains nothing)."""
 
 from __future__ import annotations
 
@@ -18,20 +18,29 @@ def timed(fn) -> tuple[float, object]:
     return time.perf_counter() - t, out
 
 
-def report_only_param(repo: Path) -> str | None:
-    """A params key that only report stages declare (None when there is none)."""
-    stages = yaml.safe_load((repo / "dvc.yaml").read_text())["stages"]
+def report_param(repo: Path) -> str | None:
+    """The params key of the ``report`` stage that the fewest other stages read, the ``report`` section's first on a
+    tie (None without a report stage),
+    from ``dvc.lock``, where a matrix stage's templated keys (``tasks.${item.task}``) are expanded per stage. Inside
+    a section that others read part of (``finetune`` reads ``report.confidence``), its other keys are candidates."""
+    stages = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    declared = {name: list(s.get("params", {}).get("params.yaml", {})) for name, s in stages.items()}
 
-    def declared(stage: dict) -> list[str]:
-        body = stage.get("do", stage)
-        return [p for p in body.get("params", []) if isinstance(p, str)]
+    def readers(key: str) -> int:
+        return sum(any(key == o or key.startswith(f"{o}.") or o.startswith(f"{key}.") for o in keys)
+                   for name, keys in declared.items() if not name.startswith("report"))
 
-    report = [p for name, s in stages.items() if name.startswith("report") for p in declared(s)]
-    others = [p for name, s in stages.items() if not name.startswith("report") for p in declared(s)]
-    for key in report:
-        if not any(key == o or key.startswith(f"{o}.") or o.startswith(f"{key}.") for o in others):
-            return key
-    return None
+    queue, candidates = [k for name, keys in declared.items() if name.startswith("report") for k in keys], []
+    while queue:
+        key = queue.pop(0)
+        candidates.append(key)
+        node = params
+        for part in key.split("."):
+            node = node[part]
+        if isinstance(node, dict) and readers(key):  # a section others read: maybe not all of it
+            queue += [f"{key}.{k}" for k in node]
+    return min(candidates, key=lambda k: (readers(k), k.split(".")[0] != "report"), default=None)  # report.* first
 
 
 def _edited(value):
@@ -51,13 +60,14 @@ def _edited(value):
 
 
 def dvc_figures(repo: Path) -> dict:
-    """No-op ``dvc repro`` time, and the stages ``dvc status`` reports after a report-only param edit."""
+    """No-op ``dvc repro`` time, and the stages ``dvc status`` reports after an edit of the report param the fewest
+    other stages read (:func:`report_param`)."""
     status = json.loads(tiny.dvc(repo, "status", "--json").stdout or "{}")
     if status:
         return {"error": f"{repo} is not up to date ({', '.join(status)}): run dvc repro there first"}
     noop_s, proc = timed(lambda: tiny.dvc(repo, "repro"))
     out = {"noop_s": noop_s, "noop_ran": "Running stage" in proc.stdout, "report_key": None, "changed": None}
-    key = report_only_param(repo)
+    key = report_param(repo)
     if key is not None:
         path = repo / "params.yaml"
         original = path.read_text()

@@ -149,14 +149,18 @@ def decided(summary: dict) -> tuple[int, int]:
 
 def profile_row(name: str, timing: dict) -> dict:
     """One profile's repro in the figures that carry across machines: its minutes beside its machine's ViT step
-    time (``--phases``), and worker-minutes of training per informative paired row."""
+    time (``--phases``, one process alone) and its ViT runs' own step time in the study (every worker busy), and
+    worker-minutes of training per informative paired row, also in thousands of ViT steps at that in-study step
+    time (the same study on two machines: 3.2 and 3.8 worker-minutes, 17.9 and 17.5 thousand ViT steps)."""
     t, d = timing["training"], timing.get("per_decision", {})
     steps = timing.get("machine_steps_s")
     vit_ms = steps["s"]["vit"] / steps["steps"] * 1e3 if steps and "vit" in steps.get("s", {}) else float("nan")
-    per = d.get("worker_min_per_paired")
-    return {"profile": name, "dvc_repro_min": timing["total"] / 60, "vit_ms_per_step": vit_ms, "runs": t["runs"],
-            "training_worker_min": t["worker_s"] / 60, "informative_paired": d.get("informative_paired", 0),
-            "worker_min_per_informative_paired": per if per is not None else float("nan")}
+    in_study = t.get("ms_per_step", {}).get("vit", float("nan"))
+    per, paired = d.get("worker_min_per_paired"), d.get("informative_paired", 0)
+    return {"profile": name, "dvc_repro_min": timing["total"] / 60, "vit_ms_per_step": vit_ms,
+            "vit_ms_in_study": in_study, "runs": t["runs"], "training_worker_min": t["worker_s"] / 60,
+            "informative_paired": paired, "worker_min_per_informative_paired": per if per is not None else float("nan"),
+            "kvit_steps_per_informative_paired": t["worker_s"] / in_study / paired if paired else float("nan")}
 
 
 def breakdown(times: dict[str, float], runs: pd.DataFrame, workers: int, cpu: dict[str, float]) -> pd.DataFrame:
@@ -285,8 +289,11 @@ def main(argv: list[str] | None = None) -> int:
     if others:
         lines += ["## Profiles", "",
                   "Each profile's own repro: minutes of `dvc repro` beside the ViT step time of the machine it ran on "
-                  "(`--phases`; minutes scale with it), and worker-minutes of training per informative paired row. "
-                  "The seeds each row of another profile received are in its report's `tables/seeds.md`.", "",
+                  "(`vit_ms_per_step`: `--phases`, one process alone; `vit_ms_in_study`: the study's ViT runs, every "
+                  "worker busy), and worker-minutes of training per informative paired row, also as thousands of "
+                  "ViT steps at the in-study step time (`kvit_steps_per_informative_paired`: the figure that carries "
+                  "across machines; a machine slower under load than alone moves the minutes, not this). The seeds "
+                  "each row of another profile received are in its report's `tables/seeds.md`.", "",
                   pd.DataFrame([profile_row("this repro", timing), *others]).to_markdown(index=False,
                                                                                         floatfmt=".1f"), ""]
     write_text(args.out / "repro_breakdown.md", "\n".join(lines))

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import tiny_repo
+import yaml
 
 pytestmark = pytest.mark.slow
 
@@ -23,3 +24,25 @@ def test_bench_small_mode_writes_the_report(reproduced_repo, tmp_path):
         assert heading in text
     assert "| vit |" in text and "| resnet |" in text and "| alignment |" in text
     assert "No-op `dvc repro`" in text and "stages run: none" in text  # the repo was up to date
+    # editing the report setting the fewest other stages read retrains nothing
+    assert "Report param edit (`" in text and "training stages changed: none (goal: none)" in text
+
+
+def test_the_report_param_edited_is_the_one_the_fewest_other_stages_read(tmp_path):
+    """From dvc.lock (a matrix stage's templated keys expanded): a report section another stage reads part of
+    offers its other keys; ties go to the report section."""
+    from bench.dvc_figures import report_param
+
+    lock = {"schema": "2.0", "stages": {
+        "data@a": {"params": {"params.yaml": {"seed": 0, "tasks.a": {"x": 1}}}},
+        "plan": {"params": {"params.yaml": {"report.confidence": 0.95, "report.power": 0.8}}},
+        "finetune": {"params": {"params.yaml": {"report.confidence": 0.95}}},
+        "report": {"params": {"params.yaml": {"seed": 0, "report": {}, "tasks.a.x": 1}}}}}
+    (tmp_path / "dvc.lock").write_text(yaml.safe_dump(lock))
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(
+        {"seed": 0, "tasks": {"a": {"x": 1}}, "report": {"confidence": 0.95, "power": 0.8, "margin": 0.01}},
+        sort_keys=False))
+    assert report_param(tmp_path) == "report.margin"  # read by the report stage alone
+    lock["stages"]["plan"]["params"]["params.yaml"] = {"report": {}}  # now plan reads every report key
+    (tmp_path / "dvc.lock").write_text(yaml.safe_dump(lock))
+    assert report_param(tmp_path) == "report.power"  # one other reader, like seed and tasks.a.x: report's first

@@ -101,14 +101,15 @@ def test_cost_per_decided_question_and_what_stops_saved(tmp_path):
     assert "2 rows at the first look, 1 continued by the plan to a second" in section and "| q " in section
     # another profile's repro beside this one, in the figures that carry across machines
     quick = {"total": 1200.0, "machine_steps_s": {"steps": 1000, "s": {"vit": 20.0}},
-             "training": {"runs": 50, "worker_s": 600.0}, "per_decision": {"informative_paired": 2,
-                                                                            "worker_min_per_paired": 5.0}}
+             "training": {"runs": 50, "worker_s": 600.0, "ms_per_step": {"vit": 25.0}},
+             "per_decision": {"informative_paired": 2, "worker_min_per_paired": 5.0}}
     (tmp_path / "quick.json").write_text(json.dumps(quick))
     out = ["--log", str(log), "--repo", str(tmp_path), "--out", str(tmp_path / "out")]
     assert repro_breakdown.main([*out, "--compare", f"quick={tmp_path / 'quick.json'}"]) == 0
     table = (tmp_path / "out/repro_breakdown.md").read_text().split("## Profiles")[1]
     row = next(line for line in table.splitlines() if line.startswith("| quick"))
-    assert [c.strip() for c in row.split("|")[2:8]] == ["20.0", "20.0", "50", "10.0", "2", "5.0"]
+    # 600 worker-seconds at 25 ms per ViT step: 24,000 ViT steps, 12 thousand for each of 2 rows
+    assert [c.strip() for c in row.split("|")[2:10]] == ["20.0", "20.0", "25.0", "50", "10.0", "2", "5.0", "12.0"]
     assert "| this repro" in table
     with pytest.raises(SystemExit, match="--compare 'quick'"):
         repro_breakdown.main([*out, "--compare", "quick"])
