@@ -20,9 +20,9 @@ def timed(fn) -> tuple[float, object]:
 
 def report_param(repo: Path) -> str | None:
     """The params key of the ``report`` stage that the fewest other stages read, the ``report`` section's first on a
-    tie (None without a report stage),
-    from ``dvc.lock``, where a matrix stage's templated keys (``tasks.${item.task}``) are expanded per stage. Inside
-    a section that others read part of (``finetune`` reads ``report.confidence``), its other keys are candidates."""
+    tie (None without a report stage). Read from ``dvc.lock``, where a matrix stage's templated keys
+    (``tasks.${item.task}``) are expanded per stage; inside a section that others read part of (``finetune`` reads
+    ``report.confidence``), its other keys are candidates too."""
     stages = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
     params = yaml.safe_load((repo / "params.yaml").read_text())
     declared = {name: list(s.get("params", {}).get("params.yaml", {})) for name, s in stages.items()}

@@ -151,7 +151,7 @@ def profile_row(name: str, timing: dict) -> dict:
     """One profile's repro in the figures that carry across machines: its minutes beside its machine's ViT step
     time (``--phases``, one process alone) and its ViT runs' own step time in the study (every worker busy), and
     worker-minutes of training per informative paired row, also in thousands of ViT steps at that in-study step
-    time (the same study on two machines: 3.2 and 3.8 worker-minutes, 17.9 and 17.5 thousand ViT steps)."""
+    time (what carries across machines: docs/design.md §10)."""
     t, d = timing["training"], timing.get("per_decision", {})
     steps = timing.get("machine_steps_s")
     vit_ms = steps["s"]["vit"] / steps["steps"] * 1e3 if steps and "vit" in steps.get("s", {}) else float("nan")

@@ -192,14 +192,15 @@ def test_a_queued_run_is_timed_from_its_own_start(copy_workspace):
     exp = client.get_experiment_by_name("bias-train")
     runs = sorted((r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" in r.data.tags),
                   key=lambda r: r.info.start_time)
-    assert [r.data.tags["arch"] for r in runs] and len(runs) == 2
+    assert len(runs) == 2
     worker_s = [json.loads(next((copy_workspace / "data/runs" / r.data.tags["arch"]).rglob("metrics.json"))
                            .read_text())["measured"]["run_s"] for r in runs]
     first, second = runs
+    # what tells the two designs apart: opened at submission, both runs would start within milliseconds
     assert second.info.start_time >= first.info.start_time + 1000 * worker_s[0]  # not opened while it waited
-    for run, own in zip(runs, worker_s, strict=True):
+    for run, own in zip(runs, worker_s, strict=True):  # the worker's time plus the record's few seconds
         duration = (run.info.end_time - run.info.start_time) / 1000
-        assert own <= duration < own + worker_s[0] / 2 + 5, (run.info.run_name, duration, own)
+        assert own <= duration < own + 5, (run.info.run_name, duration, own)
 
 
 def test_every_run_logs_its_network_and_datasets(copy_workspace):
