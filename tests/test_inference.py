@@ -171,6 +171,24 @@ def test_both_arms_at_the_ceiling_make_the_row_uninformative():
     assert (row.estimate, row.ci_lo, row.ci_hi) == (0.0, 0.0, 0.0)
 
 
+def test_a_pair_at_the_ceiling_is_decided_on_how_soon_it_learned():
+    """relation.attention_vs_mixer: both arms at 1.000 in accuracy, so the row compares the share of the step cap
+    each left unused at the criterion, per seed; a seed that never reached the criterion makes it uninformative."""
+    runs, items = _tiny("relation", {"vit": 1.0, "mixer": 1.0}, {})
+    steps = {"vit": [100, 200, 100, 300, 100], "mixer": [600, 900, 500, 800, 700]}  # cap 1,000
+    runs["criterion_step"] = [float(steps[a][s]) for a, s in zip(runs.arch, runs.seed, strict=True)]
+    params = _params({"vit": ["relation"], "mixer": ["relation"]})
+    row = ledger.judge(params, runs, items, {}, {}, 0).set_index("id").loc["relation.attention_vs_mixer.relation"]
+    speed = 1 - np.array(steps["vit"]) / 1000 - (1 - np.array(steps["mixer"]) / 1000)
+    assert row.subset == ledger.SPEED and row.reason == "" and row.verdict == "held"
+    assert row.estimate == pytest.approx(speed.mean()) and row.seed_sd == pytest.approx(speed.std(ddof=1))
+    assert row.p == pytest.approx(sps.ttest_1samp(speed, 0).pvalue)
+    assert (row.acc_a, row.acc_b) == pytest.approx((0.84, 0.30))
+    runs.loc[(runs.arch == "mixer") & (runs.seed == 1), "criterion_step"] = math.nan  # stopped by the cap
+    row = ledger.judge(params, runs, items, {}, {}, 0).set_index("id").loc["relation.attention_vs_mixer.relation"]
+    assert (row.verdict, row.reason) == ("uninformative", "mixer did not reach train.criterion in 1 of 5 seeds")
+
+
 def test_gate_rules():
     row = {"kind": "paired", "finding": "scale", "a": "x", "b": "y", "subset": "slice/ood"}
     m = {"seeds": 5, "in_a": 0.9, "in_b": 0.9, "learn_at": 0.75, "acc_a": 0.51, "acc_b": 0.50, "chance": 0.5}

@@ -20,6 +20,8 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
+from pipeline.report import ledger  # noqa: E402
+
 FALLBACK_ORDER = ("vit", "vit_nopos", "vit_sincos", "vit_sincos_init", "vit_convstem", "vit_overlap",
                   "vit_hybrid", "deit", "deit_labels", "deit_vit", "swin", "swin_noshift", "swin_local", "resnet",
                   "resnet_s1", "resnet_aa", "nomix", "mixer", "convmixer")
@@ -181,8 +183,11 @@ def ledger_figure(led: pd.DataFrame, margin: float):
     ax.set_ylim(ys[-1] + 1, -1)  # top to bottom, as in the table
     ax.tick_params(axis="x", labeltop=True, top=True)
     ax.grid(axis="x", alpha=GRID_ALPHA)
-    agree = "subset" in rows and rows["subset"].astype(str).str.startswith("agree/").any()
-    unit = "accuracy points (agreement points on agree/ rows)" if agree else "accuracy points"
+    subsets = rows["subset"].astype(str) if "subset" in rows else pd.Series([], dtype=str)
+    others = [text for seen, text in ((subsets.str.startswith("agree/").any(), "agreement points on agree/ rows"),
+                                      ((subsets == ledger.SPEED).any(), f"share of the step cap on {ledger.SPEED}"))
+              if seen]
+    unit = "accuracy points" + (f" ({'; '.join(others)})" if others else "")
     ax.set_xlabel(f"estimate, {unit}: a - b (paired rows) or a - shortcut floor (floor rows); 95% CI")
     seen = list(dict.fromkeys(str(v) for v in rows.verdict))
     handles = [Line2D([], [], ls="", marker=s["marker"], ms=6, color=s["color"], mec=s["color"],

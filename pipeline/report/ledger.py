@@ -248,6 +248,10 @@ def learning_floor(floors: dict, task: str) -> float:
 
 # Compared slices on which learning the task is itself the question (no held-out factor values).
 LEARNING_SUBSETS = ("test", "slice/id")
+# The subset of a row that compares how soon its arms learned, not how well: per seed the share of the step cap
+# a run left unused when it reached ``train.criterion`` (1 - criterion step / cap; higher = sooner), so a pair
+# at the accuracy ceiling still has a question (:func:`measure_speed`).
+SPEED = "criterion/speed"
 
 
 def gate(row: dict, m: dict, tol: float) -> str:
@@ -270,7 +274,7 @@ def gate(row: dict, m: dict, tol: float) -> str:
         return f"{row['a']} did not learn: {row['learned_on']} {m['in_a']:.3f} (needs >= {m['learn_at']:.3f})"
     if row["kind"] != "paired" or not m.get("seeds"):
         return ""
-    reasons = []
+    reasons = list(m.get("unreached", ()))
     if row["finding"] != "budget":
         where = row.get("learned_on") or "in-distribution"
         missed = [f"{arm} did not learn: {where} {acc:.3f} (needs >= {m['learn_at']:.3f})"
@@ -279,7 +283,9 @@ def gate(row: dict, m: dict, tol: float) -> str:
         if not learning_is_the_question or len(missed) == 2:
             reasons += missed
     a, b = m["acc_a"], m["acc_b"]
-    if a >= 1 - tol and b >= 1 - tol:
+    if row["subset"] == SPEED:  # speeds, not accuracies: no ceiling or chance on this scale
+        pass
+    elif a >= 1 - tol and b >= 1 - tol:
         reasons.append(f"both at ceiling on {row['subset']}: {a:.3f} and {b:.3f}")
     elif a <= m["chance"] + tol and b <= m["chance"] + tol and not row["subset"].startswith("agree/"):
         # a budget pair at chance under both budgets too. Not an agreement row: agreeing with a teacher where it is
@@ -345,6 +351,36 @@ def measure_paired(row: dict, a_rows, b_rows, items: cells.Items, rp, seed: int,
             "ci_method": f"seed-level paired t ({unit}{d['seeds']} seeds)"}
 
 
+def measure_speed(row: dict, a_rows, b_rows, items: cells.Items, rp) -> dict:
+    """Per seed, each arm's share of the step cap left unused at the criterion (:data:`SPEED`), their
+    seed-paired t interval, two-sided p, TOST p and non-equivalence p, and each arm's in-distribution accuracy.
+    ``unreached``: the arms with seeds that never reached the criterion (the gate's reasons: a run stopped by
+    the cap or the plateau rule has no time to criterion, and scoring it as the cap would bias the pair)."""
+    seeds = sorted(set(a_rows.seed) & set(b_rows.seed))
+    if not seeds:
+        return {}
+    speed, unreached = [], []
+    for arm, rows in ((row["a"], a_rows), (row["b"], b_rows)):
+        r = rows.set_index("seed").loc[seeds]
+        missing = int(r.criterion_step.isna().sum())
+        if missing:
+            unreached.append(f"{arm} did not reach train.criterion in {missing} of {len(seeds)} seeds")
+        speed.append((1 - r.criterion_step / r.steps).to_numpy(dtype=float))
+    d = speed[0] - speed[1]
+    out = stats.seed_interval(d, rp.confidence)
+    margin = row["margin"]
+    out_p = 2 * min(stats.one_sided_p(d, margin, "greater"), stats.one_sided_p(d, -margin, "less"))
+    in_seeds = [_in_seeds(items, r, row["task"], seeds) for r in (a_rows, b_rows)]
+    return {"seeds": out["seeds"], "items": 0, "estimate": out["estimate"], "ci_lo": out["ci_lo"],
+            "ci_hi": out["ci_hi"], "p": stats.one_sided_p(d, 0.0, "two-sided"),
+            "p_tost": stats.tost(*speed, margin), "p_out": min(1.0, out_p), "seed_sd": out["sd"],
+            "item_se": math.nan, "acc_a": float(np.mean(speed[0])), "acc_b": float(np.mean(speed[1])),
+            "in_a": float(np.mean(in_seeds[0])) if in_seeds[0] is not None else math.nan,
+            "in_b": float(np.mean(in_seeds[1])) if in_seeds[1] is not None else math.nan,
+            "_in_seeds": in_seeds, "unreached": unreached,
+            "ci_method": f"seed-level paired t of the share of the step cap left at criterion ({out['seeds']} seeds)"}
+
+
 def measure_floor(row: dict, a_rows, items: cells.Items, rp, seed: int, floor: float, bound: float) -> dict:
     """One arm's per-seed accuracy on the slice minus the floor, its t interval, and the two-sided t p of its
     mean against ``bound`` (the floor's upper bound: the verdict's reference)."""
@@ -384,7 +420,8 @@ def measure(row: dict, runs: pd.DataFrame, items: cells.Items, config: dict, flo
             if got is None:
                 return out
             scored = items.agreeing_with(task, got[0], got[2], [*a_rows["dir"], *b_rows["dir"]])
-        m = {**out, **measure_paired(row, a_rows, b_rows, items, rp, seed, row["margin"], scored)}
+        m = {**out, **(measure_speed(row, a_rows, b_rows, items, rp) if row["subset"] == SPEED
+                       else measure_paired(row, a_rows, b_rows, items, rp, seed, row["margin"], scored))}
         # seeds of each arm at or above the learn threshold: a split arm (some did, some not) is one the plan
         # continues rather than calls a non-learner on a handful of seeds
         for arm, got in zip(("a", "b"), m.pop("_in_seeds", (None, None)), strict=True):

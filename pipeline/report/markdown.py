@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline.report.aggregate import CI_METHOD
-from pipeline.report.ledger import counts, leads
+from pipeline.report.ledger import SPEED, counts, leads
 
 MAX_FINDINGS = 5
 
@@ -91,6 +91,8 @@ def ledger_view(ledger: pd.DataFrame) -> pd.DataFrame:
             return r.claim
         other = f"floor ({r.floor_baseline})" if r.kind == "floor" else r.b
         claim = {"+": "> 0", "0": "= 0 (within the margin)", "<=": "<= 0 (at most the floor)"}[r.expect]
+        if r.subset == SPEED:
+            return f"{r.a} - {other}: share of the step cap left at train.criterion {claim}"
         return f"{r.a} - {other} on {r.subset} {claim}"
 
     def measured(r) -> str:
