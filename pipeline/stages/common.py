@@ -170,7 +170,8 @@ def run_training(stage: str, specs: list, params: Params, args: argparse.Namespa
     earlier round's); ``name``: the parent MLflow run's, default ``stage``. Returns every run's metrics.
 
     The workers start first and import the training stack while this process imports its own, checks the
-    inputs and opens the MLflow runs; Lightning is imported only where a run fits (a worker, or this process
+    inputs and opens the stage's parent MLflow run (each run's own opens when its worker starts it,
+    :class:`pipeline.experiment.LiveRuns`); Lightning is imported only where a run fits (a worker, or this process
     without workers)."""
     from pipeline.executor import worker_pool
 
