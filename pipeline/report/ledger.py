@@ -322,6 +322,14 @@ def _units(items: cells.Items, task: str, index: np.ndarray) -> np.ndarray | Non
     return cells.twin_ids(task, index, pool.get("factors"))
 
 
+def _margin_tests(mean_a, mean_b, margin: float) -> dict:
+    """TOST p of per-seed means within ``margin`` and the non-equivalence p (``p_out``: 2 x the smaller one-sided
+    p of the difference beyond either side of the margin)."""
+    diff = np.asarray(mean_a, dtype=float) - np.asarray(mean_b, dtype=float)
+    out_p = 2 * min(stats.one_sided_p(diff, margin, "greater"), stats.one_sided_p(diff, -margin, "less"))
+    return {"p_tost": stats.tost(mean_a, mean_b, margin), "p_out": min(1.0, out_p)}
+
+
 def measure_paired(row: dict, a_rows, b_rows, items: cells.Items, rp, seed: int, margin: float,
                    scored: cells.Items | None = None) -> dict:
     """Per-seed means of both arms on the compared slice (twin pairs averaged first), their paired t interval,
@@ -337,12 +345,9 @@ def measure_paired(row: dict, a_rows, b_rows, items: cells.Items, rp, seed: int,
         return {}
     units = _units(items, row["task"], ga[2])
     d = stats.paired_seeds(ga[1], gb[1], units, rp.confidence)
-    diff = d["mean_a"] - d["mean_b"]
-    out_p = 2 * min(stats.one_sided_p(diff, margin, "greater"), stats.one_sided_p(diff, -margin, "less"))
     unit = "twin pairs averaged first, " if units is not None else ""
     return {"seeds": d["seeds"], "items": d["items"], "estimate": d["estimate"], "ci_lo": d["ci_lo"],
-            "ci_hi": d["ci_hi"], "p": d["p"], "p_tost": stats.tost(d["mean_a"], d["mean_b"], margin),
-            "p_out": min(1.0, out_p), "seed_sd": d["sd"],
+            "ci_hi": d["ci_hi"], "p": d["p"], **_margin_tests(d["mean_a"], d["mean_b"], margin), "seed_sd": d["sd"],
             "item_se": stats.item_precision(ga[1], gb[1], rp.bootstrap_samples, seed, units),
             "acc_a": float(d["mean_a"].mean()), "acc_b": float(d["mean_b"].mean()),
             "in_a": _in_distribution(items, a_rows, row["task"], seeds, row.get("learned_on", "")),
@@ -368,12 +373,10 @@ def measure_speed(row: dict, a_rows, b_rows, items: cells.Items, rp) -> dict:
         speed.append((1 - r.criterion_step / r.steps).to_numpy(dtype=float))
     d = speed[0] - speed[1]
     out = stats.seed_interval(d, rp.confidence)
-    margin = row["margin"]
-    out_p = 2 * min(stats.one_sided_p(d, margin, "greater"), stats.one_sided_p(d, -margin, "less"))
     in_seeds = [_in_seeds(items, r, row["task"], seeds) for r in (a_rows, b_rows)]
     return {"seeds": out["seeds"], "items": 0, "estimate": out["estimate"], "ci_lo": out["ci_lo"],
             "ci_hi": out["ci_hi"], "p": stats.one_sided_p(d, 0.0, "two-sided"),
-            "p_tost": stats.tost(*speed, margin), "p_out": min(1.0, out_p), "seed_sd": out["sd"],
+            **_margin_tests(*speed, row["margin"]), "seed_sd": out["sd"],
             "item_se": math.nan, "acc_a": float(np.mean(speed[0])), "acc_b": float(np.mean(speed[1])),
             "in_a": float(np.mean(in_seeds[0])) if in_seeds[0] is not None else math.nan,
             "in_b": float(np.mean(in_seeds[1])) if in_seeds[1] is not None else math.nan,

@@ -103,8 +103,8 @@ def ledger_view(ledger: pd.DataFrame) -> pd.DataFrame:
         if r.kind == "exact":
             return f"pair accuracy {r.estimate:.4f} (min {r.ci_lo:.4f}, max {r.ci_hi:.4f}); max logit diff " \
                    f"{r.max_logit_diff:.2g} ({r.seeds} seeds)"
-        return f"{ci_text(r.estimate, r.ci_lo, r.ci_hi, sign=True)}; Holm p {r.p_holm:.3g} ({r.seeds} seeds, " \
-               f"{r['items']} items)"
+        items = f", {r['items']} items" if r["items"] else ""  # a speed row is per run, not per item
+        return f"{ci_text(r.estimate, r.ci_lo, r.ci_hi, sign=True)}; Holm p {r.p_holm:.3g} ({r.seeds} seeds{items})"
 
     def verdict(r) -> str:
         said = f"underpowered: needs {r.needs_seeds} seeds" if r.verdict == "underpowered" else r.verdict
