@@ -36,7 +36,6 @@ import warnings
 from pathlib import Path
 
 import pandas as pd
-import torch
 import yaml
 
 from bench import data_speed, overheads, startup, tiny, worker_env
@@ -55,7 +54,7 @@ from bench.render import (
 from pipeline import executor
 from pipeline.config import Params
 from pipeline.io import write_text
-from pipeline.learner import quiet_lightning
+from pipeline.learner import quiet_lightning, training_threads
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_lightning()
     executor.cheap_cuda_check()  # as every run does (pipeline.executor._call)
     warnings.filterwarnings("ignore", message=".*no `val_dataloader`.*")  # validation is not part of a step
-    torch.set_num_threads(1)
+    training_threads(1)  # as every run does
     params = Params.model_validate(yaml.safe_load((tiny.ROOT / "params.yaml").read_text()))
     small = args.small
     fits, steps, skip = (1, 8, 3) if small else (5, 200, 20)

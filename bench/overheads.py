@@ -116,11 +116,11 @@ def breakdown(arch: str, steps: int, repeat: int, n_train: int = 4000, n_val: in
     from bench.tiny import ROOT
     from pipeline.config import Params
     from pipeline.executor import cheap_cuda_check
-    from pipeline.learner import quiet_lightning
+    from pipeline.learner import quiet_lightning, training_threads
 
     quiet_lightning()
     cheap_cuda_check()  # as every run does (pipeline.executor._call)
-    torch.set_num_threads(1)
+    training_threads(1)
     params = Params.model_validate(yaml.safe_load((ROOT / "params.yaml").read_text()))
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)

@@ -254,7 +254,7 @@ def fit(job: Job) -> dict:
     train_idx = training_indices(spec, split, params)
     split.indices["fit"] = train_idx
     L.seed_everything(spec.key.seed, workers=True, verbose=False)
-    torch.set_num_threads(rt.threads)
+    learner.training_threads(rt.threads)
     teacher, record, labels, targets, transfer = _student_rows(spec, split, params, train_idx)
     model = build_model(spec.model, params, split.num_classes)
     if hasattr(model, "set_distilled_training"):
@@ -286,7 +286,7 @@ def fit(job: Job) -> dict:
             "stop_reason": stop.stop_reason if stop else "cap",
             "provenance": {**data_provenance(manifest, train_idx), "teacher": record,
                            **({"transfer": transfer} if transfer else {})},
-            "num_classes": split.num_classes, "state_dict": {k: v.detach().cpu() for k, v in
+            "num_classes": split.num_classes, "state_dict": {k: v.detach().cpu().contiguous() for k, v in
                                                               model.state_dict().items()},
             # one test image as the network sees it: the MLflow model's input example
             "example": to_tensor(split.images[split.indices["test"][:1]]).numpy()}

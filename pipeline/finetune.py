@@ -108,7 +108,6 @@ def fine_tune(job: Job) -> dict:
     """Map, score, fine-tune and score one trained run at ``finetune.size`` (``skipped`` where no mapping
     exists). Deterministic: the batches and views are functions of the run's seed and step."""
     import lightning as L
-    import torch
 
     from pipeline import learner
     from pipeline.learner import ArrayData, Classifier, quiet_lightning
@@ -119,7 +118,7 @@ def fine_tune(job: Job) -> dict:
     spec, params, ft = job.spec, job.params, job.params.finetune
     r, rt = params.train.recipe, params.train.runtime
     L.seed_everything(spec.key.seed, workers=True, verbose=False)
-    torch.set_num_threads(rt.threads)
+    learner.training_threads(rt.threads)
     big, trained_px = _resized_split(spec, params, ft.size)
     trained = read_model(spec.out_dir, spec.model, params, big.num_classes)
     base = {"identity": job.identity, "arch": spec.key.arch, "task": spec.key.task, "seed": spec.key.seed,

@@ -169,7 +169,9 @@ class Classifier(L.LightningModule):
                  soft_distillation: bool = False, distillation_tau: float = 1.0,
                  crop_pad: int = 0, flip: bool = False, seed: int = 0):
         super().__init__()
-        self.model = model
+        # Convolution weights in channels-last layout: oneDNN's fast path on CPU, 15-24% off a ResNet or ConvMixer
+        # step at 16 px on one thread; a model without 4-D weights is unchanged. In place: the caller's model.
+        self.model = model.to(memory_format=torch.channels_last)
         # Lightning's own record of the recipe: saved in every checkpoint (the module is not a hyperparameter;
         # the stage process, not the Trainer's logger, writes MLflow params).
         self.save_hyperparameters(ignore=["model"], logger=False)
@@ -416,6 +418,18 @@ def trainer(runtime, grad_clip: float, steps: int, val_every: int, callbacks: li
         log_every_n_steps=runtime.log_every_steps, gradient_clip_val=grad_clip or None,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
     return L.Trainer(**{**settings, **overrides})
+
+
+def training_threads(threads: int) -> None:
+    """The torch settings of a process about to train: ``threads`` intra-op threads, and denormal floats flushed
+    to zero. Swin's shifted-window mask (-100) leaves softmax weights near e^-100 ~ 4e-44, below float32's
+    smallest normal number; x86 computes with such numbers in microcode: a `swin_local_shift` step took 29 ms
+    against 17 ms flushed (`swin` 27 against 20; one thread, 16 px). Flushed, they are the exact zeros the mask
+    means; nothing a run reports is that small."""
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.set_flush_denormal(True)
 
 
 def quiet_lightning() -> None:

@@ -421,3 +421,27 @@ def test_only_main_grid_runs_get_the_factor_evaluations(tmp_path):
               replace(main, budget_mode="flops"), replace(main, data_seed=1)]
     specs = specs_for("train", [main, *others], Folders(tmp_path, tmp_path, tmp_path, tmp_path))
     assert [at_main_budget(s, params) for s in specs] == [True, False, False, False, False]
+
+
+def test_training_numerics_keep_the_function(workspace):
+    """A run trains its convolutions in channels-last layout and with denormal floats flushed to zero (pipeline
+    .learner: CPU speed); neither changes what the network computes beyond float rounding, and the layout is the
+    module's own (the caller's model, converted in place)."""
+    params = load_params(workspace / "params.yaml")
+    model = build_model("resnet", params, 4).eval()
+    plain = copy.deepcopy(model)
+    x = torch.randn(16, 3, 16, 16)
+    module = Classifier(model, lr=1e-3, weight_decay=0.0, warmup_steps=0, total_steps=2)
+    convs = [m.weight for m in module.model.modules() if isinstance(m, torch.nn.Conv2d) and m.kernel_size != (1, 1)]
+    assert convs and all(w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous() for w in convs)
+    assert module.model is model
+    with torch.no_grad():
+        torch.testing.assert_close(module(x), plain(x), rtol=1e-5, atol=1e-5)
+    try:
+        torch.set_flush_denormal(False)
+        tiny = torch.tensor([1e-39])  # below float32's smallest normal (1.18e-38)
+        assert (tiny * 0.5).item() > 0.0
+        learner.training_threads(1)
+        assert torch.get_num_threads() == 1 and (tiny * 0.5).item() == 0.0
+    finally:
+        torch.set_flush_denormal(False)
