@@ -1,6 +1,6 @@
 """SIGKILL in the middle of training, then ``dvc repro`` again: exact resume, no orphaned MLflow run.
 
-One tiny repository (tests/conftest.py) with one task and one architecture, long enough (120 steps, a
+One tiny repository (tests/conftest.py) with one task and one architecture, long enough (400 steps, a
 checkpoint every 20) to be killed between checkpoints, serves both scenarios (one test, a subtest each): a
 kill before the first checkpoint (the training stage's program on its own params file and folders), then a
 kill between checkpoints under ``dvc repro``.
@@ -25,11 +25,11 @@ pytestmark = pytest.mark.slow
 OVERRIDES = {
     "tasks": {"names": ["alignment"]},
     "train": {"archs": {"vit": {"models": "vit", "tasks": ["alignment"]}}, "grids": {},
-              "recipe": {"steps": 120, "warmup_steps": 10},
+              "recipe": {"steps": 400, "warmup_steps": 10},
               "runtime": {"checkpoint_every_steps": 20, "val_every_steps": 60}},
     "distill": {"teachers": {}, "students": {}},
 }
-RUN = Path("alignment/n128-t120-s0-d0-criterion")
+RUN = Path("alignment/n128-t400-s0-d0-criterion")
 
 
 def start(repo: Path, args: list[str]) -> subprocess.Popen:
@@ -65,6 +65,17 @@ def runs(repo: Path) -> dict[str, str]:
     return {r.info.run_id: r.info.status for r in client.search_runs(exps)}
 
 
+def curve_steps(repo: Path, run_id: str, min_points: int = 2) -> dict[str, list[int]]:
+    """{metric: the steps of its logged points, in order} of the metrics of an MLflow run with at least
+    ``min_points`` points (2: the per-step curves, not the final metrics)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}")
+    history = {k: sorted(m.step for m in client.get_metric_history(run_id, k))
+               for k in client.get_run(run_id).data.metrics}
+    return {k: steps for k, steps in history.items() if len(steps) >= min_points}
+
+
 def logits(folder: Path) -> np.ndarray:
     with np.load(folder / "predictions.npz") as z:
         return z["logits"]
@@ -89,14 +100,16 @@ def resumes_exactly(repo: Path) -> None:
     out = repo / "data/runs/vit" / RUN
 
     proc = start(repo, [str(tiny_repo.VENV_BIN / "dvc"), "repro", "train"])
-    kill_when(proc, ckpt / "last.ckpt", ready=lambda _: names_a_run(ckpt / "config.json"))
+    # killed once its MLflow run holds curve points: the resumed attempt must not log them again
+    kill_when(proc, ckpt / "last.ckpt", ready=lambda _: names_a_run(ckpt / "config.json") and curve_steps(
+        repo, json.loads((ckpt / "config.json").read_text())["mlflow_run_id"], min_points=1))
     stamp = json.loads((ckpt / "config.json").read_text())
     assert runs(repo)[stamp["mlflow_run_id"]] == "RUNNING"
     assert not (out / "metrics.json").exists()  # nothing half-done is presented as a result
 
     tiny_repo.dvc(repo, "repro", "train")
     resumed = json.loads((out / "metrics.json").read_text())
-    assert resumed["measured"]["resumed"] and resumed["measured"]["steps_this_process"] < 120
+    assert resumed["measured"]["resumed"] and 0 < resumed["measured"]["steps_this_process"] < 400  # mid-training
     assert resumed["mlflow_run_id"] == stamp["mlflow_run_id"]  # the killed run was continued, not orphaned
 
     # The same run uninterrupted, into other folders.
@@ -106,6 +119,9 @@ def resumes_exactly(repo: Path) -> None:
     assert not reference["measured"]["resumed"]
     assert resumed["slices"] == reference["slices"] and resumed["val_acc"] == reference["val_acc"]
     assert np.array_equal(logits(out), logits(repo / "data/ref/vit" / RUN))
+    # its curves in MLflow: each point once (the first attempt streamed some, the resumed one replays them), as
+    # in the uninterrupted run
+    assert curve_steps(repo, resumed["mlflow_run_id"]) == curve_steps(repo, reference["mlflow_run_id"])
 
     assert "RUNNING" not in runs(repo).values()
     assert "train" not in tiny_repo.dvc(repo, "status", "train").stdout  # up to date

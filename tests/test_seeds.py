@@ -130,3 +130,51 @@ def test_train_more_trains_the_plans_cells_at_their_new_seeds_only(tmp_path):
                                                                           "seeds": [4, 5]}):
         with pytest.raises(StageError, match="rerun the plan stage"):
             plan_specs({"cells": [stale]}, params, at, {})
+
+
+def test_a_budget_buys_the_cheapest_rows_first_and_prices_a_shared_cell_once():
+    """Prices per extra seed: resnet 2, resnet_s1 7, vit 1, convmixer 1 (thousand ViT steps). resnet_vs_vit (3
+    extra seeds of resnet and vit: 9) and patchify (3 extra of resnet, already bought, and convmixer: 3) fit in
+    14; stride (3 extra of resnet_s1: 21) does not and stays at its first look, its price and the budget left
+    said. Without a budget every row continues, each priced beyond what a cheaper row bought."""
+    params = params_with({a: ["alignment"] for a in ("resnet", "resnet_s1", "vit", "convmixer")}, seeds_=(0, 1, 2))
+    led = pd.DataFrame([row("alignment.stride.alignment", "underpowered", 6, seeds_=3),
+                        {**row("alignment.resnet_vs_vit.alignment", "underpowered", 6, seeds_=3), "b": "vit",
+                         "a": "resnet"},
+                        {**row("alignment.patchify_conv.alignment", "underpowered", 6, seeds_=3), "a": "resnet",
+                         "b": "convmixer"}])
+    prices = {("alignment", "resnet"): 2.0, ("alignment", "resnet_s1"): 7.0, ("alignment", "vit"): 1.0,
+              ("alignment", "convmixer"): 1.0}
+    capped = params.model_copy(update={"plan": params.plan.model_copy(update={"budget": 14.0})})
+    plan = seeds.make_plan(led, capped, prices)
+    by_id = {r["id"]: r for r in plan["rows"]}
+    assert by_id["alignment.resnet_vs_vit.alignment"]["price_kvit"] == 9.0
+    assert by_id["alignment.patchify_conv.alignment"]["price_kvit"] == 3.0  # resnet's seeds already bought
+    stride = by_id["alignment.stride.alignment"]
+    assert not stride["continued"] and stride["seeds"] == [0, 1, 2] and stride["price_kvit"] == 21.0
+    assert "21.0 thousand ViT steps, over the 2.0 left of plan.budget 14" in stride["why"]
+    assert plan["spent_kvit"] == 12.0 and {c["arch"] for c in plan["cells"]} == {"resnet", "vit", "convmixer"}
+    table = seeds.seeds_table(plan).set_index("id")
+    assert table.loc["alignment.stride.alignment", "seeds"] == 3
+    assert table.loc["alignment.patchify_conv.alignment", "price_kvit"] == 3.0
+    free = seeds.make_plan(led, params, prices)
+    assert all(r["continued"] for r in free["rows"]) and free["spent_kvit"] == 33.0
+    # stride alone would cost 27 (resnet_s1 21, resnet 6): resnet's seeds were bought for a cheaper row
+    assert {r["id"]: r["price_kvit"] for r in free["rows"]}["alignment.stride.alignment"] == 21.0
+
+
+def test_seed_prices_are_counted_steps_times_the_models_relative_step_cost():
+    """Main-grid seeds only (not an extra axis's), averaged per cell, in thousands of ViT steps."""
+    from pipeline.experiment import STEP_COST
+
+    base = {"source": "runs", "task": "alignment", "data_seed": 0, "train_size": 256, "steps": 3000,
+            "budget_mode": "criterion"}
+    runs = pd.DataFrame([{**base, "arch": "resnet_s1", "model": "resnet_s1", "seed": 0, "steps_done": 1000},
+                         {**base, "arch": "resnet_s1", "model": "resnet_s1", "seed": 1, "steps_done": 2000},
+                         {**base, "arch": "vit", "model": "vit", "seed": 0, "steps_done": 500},
+                         {**base, "arch": "vit", "model": "vit", "seed": 1, "steps_done": 700},
+                         {**base, "arch": "vit", "model": "vit", "seed": 2, "steps_done": 600},
+                         {**base, "arch": "vit", "model": "vit", "seed": 0, "steps_done": 9000, "train_size": 64}])
+    prices = seeds.seed_prices(runs)
+    assert prices[("alignment", "resnet_s1")] == pytest.approx(1.5 * STEP_COST["resnet_s1"])
+    assert prices[("alignment", "vit")] == pytest.approx(0.6)

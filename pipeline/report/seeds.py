@@ -10,6 +10,13 @@ continues to ``report.min_seeds_bimodal`` seeds (at most ``plan.max_seeds``), wh
 The plan reads nothing but the first look's results, so ``dvc repro`` stays deterministic. Each look is one
 Holm family at alpha / 2: the family-wise error over both looks stays at most alpha (a union bound over the two
 families).
+
+Price: a row's extra seeds cost what its cells' first-look seeds cost, in thousands of ViT optimizer steps (each
+cell's mean steps taken times its model's relative step cost, the figure the training pool schedules by): counted,
+not timed, so the plan is the same on every machine. Rows are bought cheapest first (a cell shared with a row
+already bought costs nothing again); with ``plan.budget`` set, a row whose price exceeds what is left stays at its
+first look. Every row asks for about the power ``report.power``, so cheapest first buys the most decisions a
+budget affords.
 """
 
 from __future__ import annotations
@@ -55,12 +62,66 @@ def split_arms(r: dict, tol: float) -> list[str]:
     return [r[arm] for arm in split]
 
 
-def make_plan(ledger: pd.DataFrame, params) -> dict:
-    """``plan.json``: per eligible row, its first-look verdict, the seeds it needs, whether it continues and why;
-    per cell (task, arch), the extra seeds ``train_more`` trains (the most any of its continued rows needs)."""
+def seed_prices(runs: pd.DataFrame) -> dict[tuple[str, str], float]:
+    """{(task, arch): what one more seed of the cell costs, in thousands of ViT steps}: the mean steps its
+    first-look main-grid seeds took, times its model's relative step cost (``pipeline.experiment.STEP_COST``)."""
+    from pipeline.experiment import STEP_COST
+    from pipeline.report.cells import main_config, select
+
+    config, out = main_config(runs), {}
+    for (task, arch), _ in runs[runs.source == "runs"].groupby(["task", "arch"]):
+        sel = select(runs, task, arch, config)
+        if len(sel):
+            out[(task, arch)] = float(sel.steps_done.mean()) * STEP_COST.get(sel.model.iloc[0], 1.0) / 1000
+    return out
+
+
+def _arms(r: dict) -> tuple[str, ...]:
+    """The cells a row's extra seeds go to: both arms of a paired row, the one of a floor row."""
+    return (r["a"], r["b"]) if r["kind"] == "paired" else (r["a"],)
+
+
+def _buy(candidates: list[tuple[dict, dict]], first: list[int], prices: dict, budget: float | None) -> float:
+    """Continue candidate rows cheapest first within ``budget`` (None: all), pricing each row at the extra seeds
+    its cells still lack; writes ``continued``, ``seeds``, ``price_kvit`` and a refused row's ``why`` into each
+    entry. Returns what was spent."""
+    bought: dict[tuple[str, str], int] = {}
+
+    def price(r: dict, entry: dict) -> float:
+        extra = len(entry["seeds"]) - len(first)
+        return sum(max(0, extra - bought.get((r["task"], arm), 0)) * prices.get((r["task"], arm), math.nan)
+                   for arm in _arms(r))
+
+    def order(c: tuple[dict, dict]) -> tuple[bool, float]:  # unknown prices last; ties keep the ledger's order
+        p = price(*c)
+        return math.isnan(p), 0.0 if math.isnan(p) else p
+
+    spent, left = 0.0, list(candidates)
+    while left:
+        r, entry = min(left, key=order)
+        left.remove((r, entry))
+        cost = price(r, entry)
+        entry["price_kvit"] = None if math.isnan(cost) else round(cost, 3)
+        if budget is not None and not cost <= budget - spent:
+            said = "an unknown price" if math.isnan(cost) else f"{cost:.1f} thousand ViT steps"
+            entry.update(continued=False, why=f"not continued: its {len(entry['seeds'])} seeds would cost {said}, "
+                                              f"over the {budget - spent:.1f} left of plan.budget {budget:g}")
+            entry["seeds"] = first
+            continue
+        spent += 0.0 if math.isnan(cost) else cost
+        for arm in _arms(r):
+            bought[(r["task"], arm)] = max(bought.get((r["task"], arm), 0), len(entry["seeds"]) - len(first))
+    return spent
+
+
+def make_plan(ledger: pd.DataFrame, params, prices: dict[tuple[str, str], float] | None = None) -> dict:
+    """``plan.json``: per eligible row, its first-look verdict, the seeds it needs, whether it continues and why,
+    and a continued row's price (``price_kvit``: what its cells' extra seeds cost, see :func:`seed_prices`,
+    beyond those bought for a cheaper row); per cell (task, arch), the extra seeds ``train_more`` trains (the most
+    any of its continued rows needs)."""
     first = sorted(params.train.seeds)
     cap, tol = params.plan.max_seeds, params.report.ceiling_tol
-    rows, cells = [], {}
+    rows, cells, candidates = [], {}, []
     for r in ledger.to_dict("records"):
         if r["kind"] not in ("paired", "floor") or r["finding"] == "budget":
             continue
@@ -89,18 +150,22 @@ def make_plan(ledger: pd.DataFrame, params) -> dict:
         if why.startswith("continued"):
             total = max(needed, int(r["seeds"]) + 1)  # at least one more seed than it had
             entry.update(continued=True, seeds=first + extra_seeds(params, total - len(first)))
-            for arch in (r["a"], r["b"]) if r["kind"] == "paired" else (r["a"],):
-                have = cells.setdefault((r["task"], arch), [])
-                cells[(r["task"], arch)] = sorted(set(have) | set(entry["seeds"]) - set(first))
+            candidates.append((r, entry))
         rows.append(entry)
+    spent = _buy(candidates, first, prices or {}, params.plan.budget)
+    for r, entry in candidates:
+        for arch in _arms(r) if entry["continued"] else ():
+            have = cells.setdefault((r["task"], arch), [])
+            cells[(r["task"], arch)] = sorted(set(have) | set(entry["seeds"]) - set(first))
     return {"enabled": enabled(params), "alpha_per_look": look_alpha(params), "first_seeds": first,
-            "max_seeds": cap, "rows": rows,
+            "max_seeds": cap, "budget": params.plan.budget, "spent_kvit": round(spent, 3), "rows": rows,
             "cells": [{"task": t, "arch": a, "seeds": s} for (t, a), s in sorted(cells.items())]}
 
 
 def seeds_table(seed_plan: dict | None) -> pd.DataFrame:
-    """The plan as the report shows it: per row, its look-1 verdict, the seeds needed and given, and why."""
-    cols = ["id", "look1", "seeds_needed", "continued", "seeds", "why"]
-    rows = [{**{k: r[k] for k in cols if k != "seeds"}, "seeds": len(r["seeds"])}
+    """The plan as the report shows it: per row, its look-1 verdict, the seeds needed and given, a continued row's
+    price (thousands of ViT steps) and why."""
+    cols = ["id", "look1", "seeds_needed", "continued", "seeds", "price_kvit", "why"]
+    rows = [{**{k: r.get(k) for k in cols if k != "seeds"}, "seeds": len(r["seeds"])}
             for r in (seed_plan or {}).get("rows", [])]
     return pd.DataFrame(rows, columns=cols)

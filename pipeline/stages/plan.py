@@ -34,13 +34,15 @@ def main(argv: list[str] | None = None) -> None:
     inp = pages.load(params, records, args.tasks, args.slices, args.shortcuts, args.teachers, {}, collisions=False)
     first = ledger.judge(params, inp.runs, inp.items, inp.floors, inp.disagreement, params.seed,
                          transfer_rates=inp.transfer_disagreement)
-    plan = seeds.make_plan(first, params)
+    plan = seeds.make_plan(first, params, seeds.seed_prices(inp.runs))
     write_json(args.out, plan)
     go = [r for r in plan["rows"] if r["continued"]]
     runs = sum(len(c["seeds"]) for c in plan["cells"])
+    budget = "" if plan["budget"] is None else f" of plan.budget {plan['budget']:g}"
     print(f"plan: {len(go)} of {len(plan['rows'])} paired and floor rows continue to a second look "
-          f"({runs} more runs over {len(plan['cells'])} cells)"
-          + "".join(f"\n  {r['id']}: {len(r['seeds'])} seeds ({r['why']})" for r in go), flush=True)
+          f"({runs} more runs over {len(plan['cells'])} cells, {plan['spent_kvit']:.1f} thousand ViT steps{budget})"
+          + "".join(f"\n  {r['id']}: {len(r['seeds'])} seeds, {r['price_kvit']} thousand ViT steps ({r['why']})"
+                    for r in go), flush=True)
 
 
 if __name__ == "__main__":
