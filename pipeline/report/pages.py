@@ -45,7 +45,10 @@ SEEDS_NOTE = ("The plan stage reads the first look's ledger ({first} seeds per c
               "plan.max_seeds ({cap}) seeds, and each row uninformative only because an arm is split (some of its "
               "seeds learned, some not), to report.min_seeds_bimodal seeds; train_more trains its cells at the new "
               "seeds and look 2 judges it on them (docs/design.md §4, Sequential seeds). `look1`: the first look's "
-              "verdict; `seeds`: the seeds the row is judged on; `why`: the rule that applied.")
+              "verdict; `seeds`: the seeds the row is judged on; `price_kvit`: what a continued row's extra seeds "
+              "cost in thousands of ViT optimizer steps (counted from its cells' first-look steps; rows are bought "
+              "cheapest first, a cell shared with a cheaper row counted once; {budget}); `why`: the rule that "
+              "applied.")
 
 COLLISION_NOTE = ("Per task and seed (main grid, first test items by pool index): every patch of each image gets a "
                   "random pattern from the trained vit's patch-projection null space (unit RMS per normalised "
@@ -165,7 +168,9 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
             margin=rp.equivalence_margin) + f"\n\n{floors}", led, markdown.ledger_view(led)),
         "seeds per row (sequential seeds)": _table(
             out, "seeds", "Seeds per ledger row: the first look, and the rows the plan continued",
-            SEEDS_NOTE.format(first=len(inp.params.train.seeds), cap=inp.params.plan.max_seeds),
+            SEEDS_NOTE.format(first=len(inp.params.train.seeds), cap=inp.params.plan.max_seeds,
+                              budget="no plan.budget" if (b := inp.params.plan.budget) is None else
+                              f"within plan.budget {b:g}"),
             seeds.seeds_table(inp.seed_plan), empty="no plan (the plan stage did not run)"),
         "learnability (in distribution, steps to criterion, out of distribution)": _table(
             out, "learnability", "Learnability: who learned each task, how fast, and how it generalised",
