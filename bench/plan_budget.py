@@ -55,10 +55,12 @@ def replay(plan: dict, first: pd.DataFrame, final: pd.DataFrame, more: pd.DataFr
     lines = pd.concat([final.loc[go], first.drop(index=go)])[final.columns.intersection(first.columns)]
     counts = markdown.row_counts(lines.reset_index())
     decided = sum(lines.verdict.get(i) in DECIDED for i in go)
+    lost = [i for i in final.index.difference(go) if final.at[i, "look"] == 2 and final.at[i, "verdict"] in DECIDED]
     return {"rows_continued": len(go), "runs": sum(len(c["seeds"]) for c in plan["cells"]),
             "kvit_priced": plan["spent_kvit"], "second_look_min": minutes,
             "informative_paired": counts["paired"]["informative"], "decided_paired": counts["paired"]["decided"],
-            "decided_floor": counts.get("floor", {}).get("decided", 0), "decided_at_look_2": decided}
+            "decided_floor": counts.get("floor", {}).get("decided", 0), "decided_at_look_2": decided,
+            "study_decisions_left_at_look_1": ", ".join(lost) or "none"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budgets", nargs="+", default=["none", "0", "25", "50", "75", "100", "150"],
                     help="plan.budget values in thousands of ViT steps; none: no cap")
     ap.add_argument("--out", type=Path, default=Path("reports"))
+    ap.add_argument("--study", default=None, help="how the report names the study (default: the repo's folder)")
     args = ap.parse_args(argv)
     params = load_params(args.repo / "params.yaml")
     first, prices = first_look(args.repo, params)
@@ -86,11 +89,13 @@ def main(argv: list[str] | None = None) -> int:
                              "made by other code or params than this checkout's")
         r = replay(plan, first, final, more)
         total = look1 + r["second_look_min"]
+        lost = r.pop("study_decisions_left_at_look_1")
         rows.append({"plan.budget": text, **r, "worker_min": total,
-                     "worker_min_per_informative_paired": total / r["informative_paired"]})
+                     "worker_min_per_informative_paired": total / r["informative_paired"],
+                     "study_decisions_left_at_look_1": lost})
     table = pd.DataFrame(rows)
     print(table.to_string(index=False, float_format=lambda x: f"{x:.1f}"))
-    text = (f"# The second look under a budget: the study in `{args.repo.name}` replayed\n\n"
+    text = (f"# The second look under a budget: {args.study or f'the study in `{args.repo.name}`'} replayed\n\n"
             "Written by `python -m bench.plan_budget`. The first look is the study's own (tune, teachers and "
             f"train runs: {look1:.1f} worker-minutes inside the runs, `measured.run_s`); each row replays the "
             "`plan` stage on it with `plan.budget` at that value (thousands of ViT steps as "
@@ -98,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
             "look with the study's own measured runs of those seeds. `none` is the study as it ran. A continued "
             "row's verdict is the one the study's ledger gave it at look 2 (judged in the full look-2 family: a "
             "smaller family decides as many or more, so the decided counts are a lower bound); every other row "
-            "keeps its first-look verdict. Worker-minutes here are inside the runs; the repro breakdown's "
+            "keeps its first-look verdict; `study_decisions_left_at_look_1` names the rows the study decided at look 2 "
+            "that the budget leaves at look 1. Worker-minutes here are inside the runs; the repro breakdown's "
             "figure adds the stages' own overhead (about 2%).\n\n"
             + table.to_markdown(index=False, floatfmt=".1f") + "\n")
     write_text(args.out / "plan_budget.md", text)

@@ -178,3 +178,28 @@ def test_seed_prices_are_counted_steps_times_the_models_relative_step_cost():
     prices = seeds.seed_prices(runs)
     assert prices[("alignment", "resnet_s1")] == pytest.approx(1.5 * STEP_COST["resnet_s1"])
     assert prices[("alignment", "vit")] == pytest.approx(0.6)
+
+
+def test_a_budget_replay_counts_what_the_ledger_would_say_and_prices_with_the_studys_runs():
+    """bench.plan_budget: a continued row takes the study's look-2 line, the rest keep look 1's; the second look
+    costs the measured minutes of exactly the planned seeds; a look-2 decision the plan drops is named."""
+    from bench.plan_budget import replay
+
+    def line(id_, verdict, look=1, kind="paired"):
+        return {"id": id_, "kind": kind, "finding": id_.split(".")[0], "verdict": verdict, "look": look}
+
+    first = pd.DataFrame([line("a.x.t", "underpowered"), line("a.y.t", "underpowered"), line("a.z.t", "held"),
+                          line("floor.f.t", "underpowered", kind="floor"), line("a.u.t", "uninformative")])
+    final = pd.DataFrame([line("a.x.t", "held", 2), line("a.y.t", "held", 2), line("a.z.t", "held"),
+                          line("floor.f.t", "held", 2, kind="floor"), line("a.u.t", "uninformative")])
+    more = pd.DataFrame([{"task": "t", "arch": "p", "seed": 3, "minutes": 1.5},
+                         {"task": "t", "arch": "q", "seed": 3, "minutes": 0.5},
+                         {"task": "t", "arch": "q", "seed": 4, "minutes": 9.0}])
+    plan = {"spent_kvit": 2.0, "cells": [{"task": "t", "arch": "p", "seeds": [3]}, {"task": "t", "arch": "q",
+                                                                                     "seeds": [3]}],
+            "rows": [{"id": "a.x.t", "continued": True}, {"id": "a.y.t", "continued": False},
+                     {"id": "floor.f.t", "continued": False}]}
+    r = replay(plan, first.set_index("id"), final.set_index("id"), more)
+    assert r["second_look_min"] == 2.0 and r["runs"] == 2 and r["rows_continued"] == 1
+    assert (r["informative_paired"], r["decided_paired"], r["decided_floor"], r["decided_at_look_2"]) == (3, 2, 0, 1)
+    assert r["study_decisions_left_at_look_1"] == "a.y.t, floor.f.t"
