@@ -395,12 +395,12 @@ class Plan(Section):
     (every cell at ``train.seeds``) and gives a paired row that is informative but underpowered the seeds its
     power calculation asks for, when that is at most ``max_seeds``; ``train_more`` trains only those. Each look is
     one Holm family at half of ``1 - report.confidence``. ``max_seeds`` at or below the first look's seed count:
-    no second look, one family at the whole alpha. ``budget`` (thousands of ViT optimizer steps, as priced by
-    :func:`pipeline.report.seeds.seed_prices`; null: none) caps the second look: rows are bought cheapest first
-    and one that does not fit in what is left stays at its first look."""
+    no second look, one family at the whole alpha. ``budget`` (thousands of ViT-step equivalents, as priced by
+    :func:`pipeline.report.seeds.seed_prices`; null: no cap) caps the second look: rows are bought cheapest first
+    and one that does not fit in what is left stays at its first look (0: none continues)."""
 
     max_seeds: Count
-    budget: PosFloat | None = None
+    budget: Annotated[float, Field(ge=0)] | None = None
 
 
 # --------------------------------------------------------------------------- report

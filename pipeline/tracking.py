@@ -323,9 +323,9 @@ class StageRun:
     def __init__(self, client, experiment_id: str, run_id: str, tags: dict[str, str]):
         self.client, self.experiment_id, self.run_id, self.tags = client, experiment_id, run_id, tags
         self.running: set[str] = set()  # nested runs opened and not ended: ended with the stage if it fails
-        # a reopened run's (metric, step) points already in the store: an interrupted run's first attempt logged
-        # them, and the resumed attempt replays its live file and the steps after its checkpoint
-        self.held: dict[str, set[tuple[str, int]]] = {}
+        # a reopened run's (metric, step, value) points in the store, kept up to date: an interrupted run's first
+        # attempt logged some, and the resumed attempt replays its live file and the steps after its checkpoint
+        self.held: dict[str, set[tuple[str, int, float]]] = {}
 
     def open(self, name: str, tags: dict[str, str], params: dict[str, Any], run_id: str | None = None,
              start_time: float | None = None) -> str:
@@ -337,7 +337,7 @@ class StageRun:
             try:
                 self.client.update_run(run_id, status="RUNNING")
                 self.running.add(run_id)
-                self.held[run_id] = {(key, m.step) for key in self.client.get_run(run_id).data.metrics
+                self.held[run_id] = {(key, m.step, m.value) for key in self.client.get_run(run_id).data.metrics
                                      for m in self.client.get_metric_history(run_id, key)}
                 return run_id
             except MlflowException:
@@ -354,21 +354,24 @@ class StageRun:
     def log(self, run_id: str | None = None, *, params: dict | None = None, metrics: dict | None = None,
             series: list[dict] | None = None, tags: dict | None = None) -> None:
         """Params, tags, final metrics, and per-step ``series`` rows ``{"step": k, name: value, ...}`` (a point a
-        reopened run already holds, at the same step, is not logged again)."""
+        reopened run already holds, same step and value, is not logged again)."""
         from mlflow.entities import Metric, Param, RunTag
 
         run_id = run_id or self.run_id
-        now, held = int(time.time() * 1000), self.held.get(run_id, set())
+        now = int(time.time() * 1000)
         entries = [Metric(metric_key(k), float(v), now, 0) for k, v in (metrics or {}).items()
                    if isinstance(v, (int, float)) and v == v]  # NaN is not a metric
         for row in series or []:
             entries += [Metric(metric_key(k), float(v), now, int(row["step"])) for k, v in row.items()
                         if k != "step" and v is not None]
-        entries = [m for m in entries if (m.key, m.step) not in held]
+        if (held := self.held.get(run_id)) is not None:  # a reopened run: each point once (a changed value is new)
+            entries = [m for m in entries if (m.key, m.step, m.value) not in held]
         plist = [Param(k, str(v)[:6000]) for k, v in flatten(params or {}).items()]
         tlist = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
         for chunk in _batches(entries, 1000):
             self.client.log_batch(run_id, metrics=chunk)
+            if held is not None:  # only once in the store: a failed batch is logged again by the run's record
+                held.update((m.key, m.step, m.value) for m in chunk)
         for chunk in _batches(plist, 100):
             self.client.log_batch(run_id, params=chunk)
         if tlist:

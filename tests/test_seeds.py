@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -203,3 +204,48 @@ def test_a_budget_replay_counts_what_the_ledger_would_say_and_prices_with_the_st
     assert r["second_look_min"] == 2.0 and r["runs"] == 2 and r["rows_continued"] == 1
     assert (r["informative_paired"], r["decided_paired"], r["decided_floor"], r["decided_at_look_2"]) == (3, 2, 0, 1)
     assert r["study_decisions_left_at_look_1"] == "a.y.t, floor.f.t"
+
+
+def _two_looks_under_the_null(sims: int, params, rng) -> tuple[float, float]:
+    """(look-1, look-2) rates at which a directional row with no true effect is decided (either way) under the
+    profile's plan: look 1 on ``train.seeds`` at its look's level; an underpowered row continues to the seeds its
+    power calculation asks for (as :func:`pipeline.report.ledger._needed`: pilot sd made median-unbiased,
+    one-sided at half the level) when at most ``plan.max_seeds``; look 2 tests all its seeds at its level."""
+    from scipy import stats as sps
+
+    from pipeline.report import stats
+
+    level, first, cap = seeds.look_alpha(params), len(params.train.seeds), params.plan.max_seeds
+
+    def p(x):
+        return 2 * sps.t.sf(abs(x.mean() / (x.std(ddof=1) / np.sqrt(len(x)))), len(x) - 1)
+
+    one = two = 0
+    needed: dict[float, int | None] = {}
+    for x in rng.standard_normal((sims, first)):
+        if p(x) < level:
+            one += 1
+            continue
+        es = round(float(x.mean() / stats.pilot_sd(float(x.std(ddof=1)), first)), 2)
+        if es not in needed:
+            needed[es] = stats.seeds_for_power(es, 1.0, level / 2, params.report.power, params.report.max_seeds)
+        if needed[es] is not None and needed[es] <= cap:
+            n = max(needed[es], first + 1)
+            two += p(np.concatenate([x, rng.standard_normal(n - first)])) < level
+    return one / sims, two / sims
+
+
+@pytest.mark.parametrize("profile", ["params.yaml", "params-large.yaml"])
+def test_the_second_look_keeps_its_level_though_its_seeds_depend_on_the_first(profile):
+    """Look 2 reuses look 1's seeds, and how many it adds depends on look 1's estimate (sample-size
+    re-estimation, which can raise a test's level). Under the profile's plan it does not: with no true effect,
+    look 2 decides a row less often than its level (alpha / 2), so the two looks together stay within alpha."""
+    from pipeline.config import load_params
+
+    params, sims = load_params(ROOT / profile), 12000
+    assert seeds.enabled(params)
+    level = seeds.look_alpha(params)
+    one, two = _two_looks_under_the_null(sims, params, np.random.default_rng(7))
+    se = math.sqrt(level * (1 - level) / sims)
+    assert abs(one - level) < 3 * se  # look 1 is an ordinary t test at its level
+    assert two < level - 3 * se and one + two < 1 - params.report.confidence

@@ -45,10 +45,10 @@ SEEDS_NOTE = ("The plan stage reads the first look's ledger ({first} seeds per c
               "plan.max_seeds ({cap}) seeds, and each row uninformative only because an arm is split (some of its "
               "seeds learned, some not), to report.min_seeds_bimodal seeds; train_more trains its cells at the new "
               "seeds and look 2 judges it on them (docs/design.md §4, Sequential seeds). `look1`: the first look's "
-              "verdict; `seeds`: the seeds the row is judged on; `price_kvit`: what a continued row's extra seeds "
-              "cost in thousands of ViT optimizer steps (counted from its cells' first-look steps; rows are bought "
-              "cheapest first, a cell shared with a cheaper row counted once; {budget}); `why`: the rule that "
-              "applied.")
+              "verdict; `seeds`: the seeds the row is judged on; `price_kvit`: what the extra seeds of a row the rules "
+              "continue cost, in thousands of ViT-step equivalents (its cells' first-look steps times each model's "
+              "relative step cost; rows are bought cheapest first, a cell shared with a cheaper row counted once; "
+              "{budget}); `why`: the rule that applied.")
 
 COLLISION_NOTE = ("Per task and seed (main grid, first test items by pool index): every patch of each image gets a "
                   "random pattern from the trained vit's patch-projection null space (unit RMS per normalised "

@@ -11,12 +11,12 @@ The plan reads nothing but the first look's results, so ``dvc repro`` stays dete
 Holm family at alpha / 2: the family-wise error over both looks stays at most alpha (a union bound over the two
 families).
 
-Price: a row's extra seeds cost what its cells' first-look seeds cost, in thousands of ViT optimizer steps (each
-cell's mean steps taken times its model's relative step cost, the figure the training pool schedules by): counted,
-not timed, so the plan is the same on every machine. Rows are bought cheapest first (a cell shared with a row
-already bought costs nothing again); with ``plan.budget`` set, a row whose price exceeds what is left stays at its
-first look. Every row asks for about the power ``report.power``, so cheapest first buys the most decisions a
-budget affords.
+Price: a row's extra seeds cost what its cells' first-look seeds cost, in thousands of ViT-step equivalents (each
+cell's mean steps taken times its model's relative step cost, ``pipeline.experiment.STEP_COST``, the table the
+training pool schedules by): counted, not timed, so the plan is the same on every machine. Rows are bought
+cheapest first, a greedy rule (a cell shared with a row already bought costs nothing again; with no shared cells it
+continues the most rows a budget affords); with ``plan.budget`` set, a row whose price exceeds what is left stays
+at its first look.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def split_arms(r: dict, tol: float) -> list[str]:
 
 
 def seed_prices(runs: pd.DataFrame) -> dict[tuple[str, str], float]:
-    """{(task, arch): what one more seed of the cell costs, in thousands of ViT steps}: the mean steps its
+    """{(task, arch): what one more seed of the cell costs, in thousands of ViT-step equivalents}: the mean steps its
     first-look main-grid seeds took, times its model's relative step cost (``pipeline.experiment.STEP_COST``)."""
     from pipeline.experiment import STEP_COST
     from pipeline.report.cells import main_config, select
@@ -89,8 +89,8 @@ def _buy(candidates: list[tuple[dict, dict]], first: list[int], prices: dict, bu
 
     def price(r: dict, entry: dict) -> float:
         extra = len(entry["seeds"]) - len(first)
-        return sum(max(0, extra - bought.get((r["task"], arm), 0)) * prices.get((r["task"], arm), math.nan)
-                   for arm in _arms(r))
+        lack = {arm: extra - bought.get((r["task"], arm), 0) for arm in _arms(r)}
+        return sum(n * prices.get((r["task"], arm), math.nan) for arm, n in lack.items() if n > 0)
 
     def order(c: tuple[dict, dict]) -> tuple[bool, float]:  # unknown prices last; ties keep the ledger's order
         p = price(*c)
