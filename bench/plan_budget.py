@@ -39,25 +39,37 @@ def first_look(repo: Path, params) -> tuple[pd.DataFrame, dict]:
 
 
 def run_minutes(folder: Path) -> pd.DataFrame:
-    """(task, arch, seed, main, minutes) of every finished run under ``folder`` (``measured.run_s``)."""
-    rows = [{"task": m["task"], "arch": m["arch"], "seed": m["seed"], "minutes": m["measured"]["run_s"] / 60}
-            for m in sources.read_metrics(folder, "runs")]
-    return pd.DataFrame(rows, columns=["task", "arch", "seed", "minutes"])
+    """(task, arch, seed, minutes, steps) of every finished run under ``folder`` (``measured.run_s``,
+    ``steps_done``)."""
+    rows = [{"task": m["task"], "arch": m["arch"], "seed": m["seed"], "minutes": m["measured"]["run_s"] / 60,
+             "steps": m["steps_done"]} for m in sources.read_metrics(folder, "runs")]
+    return pd.DataFrame(rows, columns=["task", "arch", "seed", "minutes", "steps"])
+
+
+def at_first_look_speed(more: pd.DataFrame, first: pd.DataFrame) -> pd.Series:
+    """Each second-look run's minutes had it run at its cell's first-look minutes per step (evaluation included):
+    what the second look costs without whatever else shared the cores while it ran."""
+    per_step = first.groupby(["task", "arch"]).minutes.sum() / first.groupby(["task", "arch"]).steps.sum()
+    return more.steps * pd.Series(list(zip(more.task, more.arch, strict=True))).map(per_step).to_numpy()
 
 
 def replay(plan: dict, first: pd.DataFrame, final: pd.DataFrame, more: pd.DataFrame) -> dict:
     """The second look's measured worker-minutes under ``plan`` and the ledger's row counts (the report's own,
     :func:`pipeline.report.markdown.row_counts`) when continued rows take their look-2 line and the rest keep
     look 1's."""
-    keyed = more.set_index(["task", "arch", "seed"]).minutes
-    minutes = sum(float(keyed.get((c["task"], c["arch"], s), math.nan)) for c in plan["cells"] for s in c["seeds"])
+    keyed = more.set_index(["task", "arch", "seed"])
+
+    def total(column: str) -> float:
+        return sum(float(keyed[column].get((c["task"], c["arch"], s), math.nan)) for c in plan["cells"]
+                   for s in c["seeds"])
     go = [r["id"] for r in plan["rows"] if r["continued"]]
     lines = pd.concat([final.loc[go], first.drop(index=go)])[final.columns.intersection(first.columns)]
     counts = markdown.row_counts(lines.reset_index())
     decided = sum(lines.verdict.get(i) in DECIDED for i in go)
     lost = [i for i in final.index.difference(go) if final.at[i, "look"] == 2 and final.at[i, "verdict"] in DECIDED]
     return {"rows_continued": len(go), "runs": sum(len(c["seeds"]) for c in plan["cells"]),
-            "kvit_priced": plan["spent_kvit"], "second_look_min": minutes,
+            "kvit_priced": plan["spent_kvit"], "second_look_min": total("minutes"),
+            "at_look1_speed": total("at_look1_speed"),
             "informative_paired": counts["paired"]["informative"], "decided_paired": counts["paired"]["decided"],
             "decided_floor": counts.get("floor", {}).get("decided", 0), "decided_at_look_2": decided,
             "study_decisions_left_at_look_1": ", ".join(lost) or "none"}
@@ -77,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     first = first.set_index("id")
     committed = read_json(args.repo / "data" / "plan" / "plan.json", SEED_PLAN)
     more = run_minutes(args.repo / "data" / "runs_more")
+    more["at_look1_speed"] = at_first_look_speed(more, run_minutes(args.repo / "data" / "runs"))
     look1 = sum(float(m["measured"]["run_s"]) for name in ("tune", "teachers", "runs")
                 for m in sources.read_metrics(args.repo / "data" / name, name)) / 60
     rows = []
@@ -88,10 +101,11 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"error: the replayed plan differs from {args.repo}/data/plan/plan.json: the study was "
                              "made by other code or params than this checkout's")
         r = replay(plan, first, final, more)
-        total = look1 + r["second_look_min"]
+        total, steady = look1 + r["second_look_min"], look1 + r.pop("at_look1_speed")
         lost = r.pop("study_decisions_left_at_look_1")
         rows.append({"plan.budget": text, **r, "worker_min": total,
                      "worker_min_per_informative_paired": total / r["informative_paired"],
+                     "same_at_look1_speed": steady / r["informative_paired"],
                      "study_decisions_left_at_look_1": lost})
     table = pd.DataFrame(rows)
     print(table.to_string(index=False, float_format=lambda x: f"{x:.1f}"))
@@ -104,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
             "row's verdict is the one the study's ledger gave it at look 2 (judged in the full look-2 family: a "
             "smaller family decides as many or more, so the decided counts are a lower bound); every other row "
             "keeps its first-look verdict; `study_decisions_left_at_look_1` names the rows the study decided at look 2 "
-            "that the budget leaves at look 1. Worker-minutes here are inside the runs; the repro breakdown's "
+            "that the budget leaves at look 1; `same_at_look1_speed` prices each second-look run at its cell's "
+            "first-look minutes per step instead (anything else that shared the cores during the second look "
+            "left out). Worker-minutes here are inside the runs; the repro breakdown's "
             "figure adds the stages' own overhead (about 2%).\n\n"
             + table.to_markdown(index=False, floatfmt=".1f") + "\n")
     write_text(args.out / "plan_budget.md", text)
