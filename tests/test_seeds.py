@@ -193,15 +193,15 @@ def test_a_budget_replay_counts_what_the_ledger_would_say_and_prices_with_the_st
                           line("floor.f.t", "underpowered", kind="floor"), line("a.u.t", "uninformative")])
     final = pd.DataFrame([line("a.x.t", "held", 2), line("a.y.t", "held", 2), line("a.z.t", "held"),
                           line("floor.f.t", "held", 2, kind="floor"), line("a.u.t", "uninformative")])
-    more = pd.DataFrame([{"task": "t", "arch": "p", "seed": 3, "minutes": 1.5},
-                         {"task": "t", "arch": "q", "seed": 3, "minutes": 0.5},
-                         {"task": "t", "arch": "q", "seed": 4, "minutes": 9.0}])
+    more = pd.DataFrame([{"task": "t", "arch": "p", "seed": 3, "minutes": 1.5, "at_look1_speed": 1.0},
+                         {"task": "t", "arch": "q", "seed": 3, "minutes": 0.5, "at_look1_speed": 0.25},
+                         {"task": "t", "arch": "q", "seed": 4, "minutes": 9.0, "at_look1_speed": 9.0}])
     plan = {"spent_kvit": 2.0, "cells": [{"task": "t", "arch": "p", "seeds": [3]}, {"task": "t", "arch": "q",
                                                                                      "seeds": [3]}],
             "rows": [{"id": "a.x.t", "continued": True}, {"id": "a.y.t", "continued": False},
                      {"id": "floor.f.t", "continued": False}]}
     r = replay(plan, first.set_index("id"), final.set_index("id"), more)
-    assert r["second_look_min"] == 2.0 and r["runs"] == 2 and r["rows_continued"] == 1
+    assert r["second_look_min"] == 2.0 and r["at_look1_speed"] == 1.25 and r["runs"] == 2 and r["rows_continued"] == 1
     assert (r["informative_paired"], r["decided_paired"], r["decided_floor"], r["decided_at_look_2"]) == (3, 2, 0, 1)
     assert r["study_decisions_left_at_look_1"] == "a.y.t, floor.f.t"
 
@@ -249,3 +249,14 @@ def test_the_second_look_keeps_its_level_though_its_seeds_depend_on_the_first(pr
     se = math.sqrt(level * (1 - level) / sims)
     assert abs(one - level) < 3 * se  # look 1 is an ordinary t test at its level
     assert two < level - 3 * se and one + two < 1 - params.report.confidence
+
+
+def test_a_second_look_run_is_repriced_at_its_cells_first_look_speed():
+    from bench.plan_budget import at_first_look_speed
+
+    first = pd.DataFrame([{"task": "t", "arch": "p", "seed": 0, "minutes": 2.0, "steps": 1000},
+                          {"task": "t", "arch": "p", "seed": 1, "minutes": 1.0, "steps": 500},
+                          {"task": "t", "arch": "q", "seed": 0, "minutes": 1.0, "steps": 100}])
+    more = pd.DataFrame([{"task": "t", "arch": "q", "seed": 3, "minutes": 5.0, "steps": 200},
+                         {"task": "t", "arch": "p", "seed": 3, "minutes": 9.0, "steps": 300}])
+    assert list(at_first_look_speed(more, first)) == pytest.approx([2.0, 0.6])
