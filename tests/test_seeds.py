@@ -181,17 +181,17 @@ def test_seed_prices_are_counted_steps_times_the_models_relative_step_cost():
     assert prices[("alignment", "vit")] == pytest.approx(0.6)
 
 
-def test_a_budget_replay_counts_what_the_ledger_would_say_and_prices_with_the_studys_runs():
-    """bench.plan_budget: a continued row takes the study's look-2 line, the rest keep look 1's; the second look
-    costs the measured minutes of exactly the planned seeds; a look-2 decision the plan drops is named."""
+def test_a_budget_replay_counts_its_ledger_and_prices_with_the_studys_runs():
+    """bench.plan_budget: the replayed ledger's row counts; the second look costs the measured minutes of exactly
+    the planned seeds; a row the study decided at look 2 that the replayed ledger does not decide is named."""
     from bench.plan_budget import replay
 
     def line(id_, verdict, look=1, kind="paired"):
         return {"id": id_, "kind": kind, "finding": id_.split(".")[0], "verdict": verdict, "look": look}
 
-    first = pd.DataFrame([line("a.x.t", "underpowered"), line("a.y.t", "underpowered"), line("a.z.t", "held"),
-                          line("floor.f.t", "underpowered", kind="floor"), line("a.u.t", "uninformative")])
-    final = pd.DataFrame([line("a.x.t", "held", 2), line("a.y.t", "held", 2), line("a.z.t", "held"),
+    led = pd.DataFrame([line("a.x.t", "held", 2), line("a.y.t", "underpowered"), line("a.z.t", "held"),
+                        line("floor.f.t", "underpowered", kind="floor"), line("a.u.t", "uninformative")])
+    study = pd.DataFrame([line("a.x.t", "held", 2), line("a.y.t", "held", 2), line("a.z.t", "held"),
                           line("floor.f.t", "held", 2, kind="floor"), line("a.u.t", "uninformative")])
     more = pd.DataFrame([{"task": "t", "arch": "p", "seed": 3, "minutes": 1.5, "at_look1_speed": 1.0},
                          {"task": "t", "arch": "q", "seed": 3, "minutes": 0.5, "at_look1_speed": 0.25},
@@ -200,10 +200,11 @@ def test_a_budget_replay_counts_what_the_ledger_would_say_and_prices_with_the_st
                                                                                      "seeds": [3]}],
             "rows": [{"id": "a.x.t", "continued": True}, {"id": "a.y.t", "continued": False},
                      {"id": "floor.f.t", "continued": False}]}
-    r = replay(plan, first.set_index("id"), final.set_index("id"), more)
-    assert r["second_look_min"] == 2.0 and r["at_look1_speed"] == 1.25 and r["runs"] == 2 and r["rows_continued"] == 1
+    r = replay(plan, led, study, more)
+    assert r["second_look_min"] == 2.0 and r["at_look1_speed"] == 1.25 and r["runs"] == 2
+    assert r["rows_continued"] == 1
     assert (r["informative_paired"], r["decided_paired"], r["decided_floor"], r["decided_at_look_2"]) == (3, 2, 0, 1)
-    assert r["study_decisions_left_at_look_1"] == "a.y.t, floor.f.t"
+    assert r["study_decisions_lost"] == "a.y.t, floor.f.t"
 
 
 def _two_looks_under_the_null(sims: int, params, rng) -> tuple[float, float]:
