@@ -56,6 +56,11 @@ def test_a_split_arm_is_continued_not_called_a_non_learner():
         "continued"]
     assert seeds.split_arms(base, params.report.ceiling_tol) == ["resnet_s1"]
     assert seeds.split_arms(ceiling, params.report.ceiling_tol) == []
+    # a speed row whose seed never reached the criterion: more seeds cannot undo that seed
+    speed = {**base, "subset": "criterion/speed",
+             "reason": base["reason"] + "; resnet did not reach train.criterion in 1 of 3 seeds"}
+    assert seeds.split_arms({**speed, "reason": base["reason"]}, params.report.ceiling_tol) == ["resnet_s1"]
+    assert seeds.split_arms(speed, params.report.ceiling_tol) == []
     # no second look: nothing continues
     assert not seeds.make_plan(pd.DataFrame([base]), params_with({"resnet": ["alignment"]}, seeds_=(0, 1, 2),
                                                                  max_seeds=3))["rows"][0]["continued"]

@@ -252,6 +252,7 @@ LEARNING_SUBSETS = ("test", "slice/id")
 # a run left unused when it reached ``train.criterion`` (1 - criterion step / cap; higher = sooner), so a pair
 # at the accuracy ceiling still has a question (:func:`measure_speed`).
 SPEED = "criterion/speed"
+UNREACHED = "did not reach train.criterion"  # a speed row's gate reason: a seed with no time to criterion
 
 
 def gate(row: dict, m: dict, tol: float) -> str:
@@ -369,7 +370,7 @@ def measure_speed(row: dict, a_rows, b_rows, items: cells.Items, rp) -> dict:
         r = rows.set_index("seed").loc[seeds]
         missing = int(r.criterion_step.isna().sum())
         if missing:
-            unreached.append(f"{arm} did not reach train.criterion in {missing} of {len(seeds)} seeds")
+            unreached.append(f"{arm} {UNREACHED} in {missing} of {len(seeds)} seeds")
         speed.append((1 - r.criterion_step / r.steps).to_numpy(dtype=float))
     d = speed[0] - speed[1]
     out = stats.seed_interval(d, rp.confidence)

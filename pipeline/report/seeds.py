@@ -50,9 +50,12 @@ def extra_seeds(params, n: int) -> list[int]:
 def split_arms(r: dict, tol: float) -> list[str]:
     """The arms that keep an uninformative row from its gate only by being split (some seeds at or above the
     learn threshold, some below); [] when anything else keeps it there (an arm no seed of which learned, both
-    at the ceiling or at chance). ``r``: a ledger row with ``learned_a``/``learned_b`` (seeds that learned)."""
-    from pipeline.report.ledger import gate
+    at the ceiling or at chance, a speed row's seed that never reached the criterion, which more seeds cannot
+    undo). ``r``: a ledger row with ``learned_a``/``learned_b`` (seeds that learned)."""
+    from pipeline.report.ledger import UNREACHED, gate
 
+    if UNREACHED in str(r.get("reason", "")):
+        return []
     nan = math.nan
     split = [arm for arm in ("a", "b") if not r.get(f"in_{arm}", nan) >= r.get("learn_at", nan)
              and not math.isnan(k := float(r.get(f"learned_{arm}", nan))) and 0 < k < r["seeds"]]
