@@ -139,8 +139,8 @@ def test_train_more_trains_the_plans_cells_at_their_new_seeds_only(tmp_path):
 
 
 def test_a_budget_buys_the_cheapest_rows_first_and_prices_a_shared_cell_once():
-    """Prices per extra seed: resnet 2, resnet_s1 7, vit 1, convmixer 1 (thousand ViT steps). resnet_vs_vit (3
-    extra seeds of resnet and vit: 9) and patchify (3 extra of resnet, already bought, and convmixer: 3) fit in
+    """Prices per extra seed: resnet 2, resnet_s1 7, vit 1, convmixer 1 (thousand ViT-step equivalents). resnet_vs_vit
+    (3 extra seeds of resnet and vit: 9) and patchify (3 extra of resnet, already bought, and convmixer: 3) fit in
     14; stride (3 extra of resnet_s1: 21) does not and stays at its first look, its price and the budget left
     said. Without a budget every row continues, each priced beyond what a cheaper row bought."""
     params = params_with({a: ["alignment"] for a in ("resnet", "resnet_s1", "vit", "convmixer")}, seeds_=(0, 1, 2))
@@ -158,7 +158,7 @@ def test_a_budget_buys_the_cheapest_rows_first_and_prices_a_shared_cell_once():
     assert by_id["alignment.patchify_conv.alignment"]["price_kvit"] == 3.0  # resnet's seeds already bought
     stride = by_id["alignment.stride.alignment"]
     assert not stride["continued"] and stride["seeds"] == [0, 1, 2] and stride["price_kvit"] == 21.0
-    assert "21.0 thousand ViT steps, over the 2.0 left of plan.budget 14" in stride["why"]
+    assert "21.0 thousand ViT-step equivalents, over the 2.0 left of plan.budget 14" in stride["why"]
     assert plan["spent_kvit"] == 12.0 and {c["arch"] for c in plan["cells"]} == {"resnet", "vit", "convmixer"}
     table = seeds.seeds_table(plan).set_index("id")
     assert table.loc["alignment.stride.alignment", "seeds"] == 3

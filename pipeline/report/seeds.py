@@ -106,7 +106,7 @@ def _buy(candidates: list[tuple[dict, dict]], first: list[int], prices: dict, bu
         cost = price(r, entry)
         entry["price_kvit"] = None if math.isnan(cost) else round(cost, 3)
         if budget is not None and not cost <= budget - spent:
-            said = "an unknown price" if math.isnan(cost) else f"{cost:.1f} thousand ViT steps"
+            said = "an unknown price" if math.isnan(cost) else f"{cost:.1f} thousand ViT-step equivalents"
             entry.update(continued=False, why=f"not continued: its {len(entry['seeds'])} seeds would cost {said}, "
                                               f"over the {budget - spent:.1f} left of plan.budget {budget:g}")
             entry["seeds"] = first
@@ -119,8 +119,9 @@ def _buy(candidates: list[tuple[dict, dict]], first: list[int], prices: dict, bu
 
 def make_plan(ledger: pd.DataFrame, params, prices: dict[tuple[str, str], float] | None = None) -> dict:
     """``plan.json``: per eligible row, its first-look verdict, the seeds it needs, whether it continues and why,
-    and a continued row's price (``price_kvit``: what its cells' extra seeds cost, see :func:`seed_prices`,
-    beyond those bought for a cheaper row); per cell (task, arch), the extra seeds ``train_more`` trains (the most
+    and, for a row the rules continue, its price (``price_kvit``: what its cells' extra seeds cost, see
+    :func:`seed_prices`, beyond those bought for a cheaper row; a row over ``plan.budget`` is priced and stays at
+    its first look); per cell (task, arch), the extra seeds ``train_more`` trains (the most
     any of its continued rows needs)."""
     first = sorted(params.train.seeds)
     cap, tol = params.plan.max_seeds, params.report.ceiling_tol
@@ -166,8 +167,8 @@ def make_plan(ledger: pd.DataFrame, params, prices: dict[tuple[str, str], float]
 
 
 def seeds_table(seed_plan: dict | None) -> pd.DataFrame:
-    """The plan as the report shows it: per row, its look-1 verdict, the seeds needed and given, a continued row's
-    price (thousands of ViT steps) and why."""
+    """The plan as the report shows it: per row, its look-1 verdict, the seeds needed and given, its price where the
+    rules continue it (thousands of ViT-step equivalents) and why."""
     cols = ["id", "look1", "seeds_needed", "continued", "seeds", "price_kvit", "why"]
     rows = [{**{k: r.get(k) for k in cols if k != "seeds"}, "seeds": len(r["seeds"])}
             for r in (seed_plan or {}).get("rows", [])]

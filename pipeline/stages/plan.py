@@ -40,9 +40,9 @@ def main(argv: list[str] | None = None) -> None:
     runs = sum(len(c["seeds"]) for c in plan["cells"])
     budget = "" if plan["budget"] is None else f" of plan.budget {plan['budget']:g}"
     print(f"plan: {len(go)} of {len(plan['rows'])} paired and floor rows continue to a second look "
-          f"({runs} more runs over {len(plan['cells'])} cells, {plan['spent_kvit']:.1f} thousand ViT steps{budget})"
-          + "".join(f"\n  {r['id']}: {len(r['seeds'])} seeds, {r['price_kvit']} thousand ViT steps ({r['why']})"
-                    for r in go), flush=True)
+          f"({runs} more runs over {len(plan['cells'])} cells, {plan['spent_kvit']:.1f}{budget} thousand ViT-step "
+          "equivalents)" + "".join(f"\n  {r['id']}: {len(r['seeds'])} seeds, {r['price_kvit']} ({r['why']})"
+                                   for r in go), flush=True)
 
 
 if __name__ == "__main__":
