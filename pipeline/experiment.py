@@ -241,11 +241,10 @@ def fit(job: Job) -> dict:
     import torch
 
     from pipeline import learner
-    from pipeline.learner import ArrayData, quiet_lightning
     from pipeline.models import build_model
     from pipeline.predict import to_tensor
 
-    quiet_lightning()
+    learner.quiet_lightning()
     t_run = time.perf_counter()
     spec, params = job.spec, job.params
     write_json(spec.ckpt_dir / STARTED, {"started": time.time()})  # the stage process opens its MLflow run now
@@ -261,7 +260,7 @@ def fit(job: Job) -> dict:
         model.set_distilled_training(teacher is not None)
     steps = budget.optimizer_steps(model, params, split.num_classes, spec.key.budget_mode, spec.key.steps)
     module = _module(model, spec, params, steps)
-    data = ArrayData(split, "fit", recipe.batch_size, rt.eval_batch_size, spec.key.seed, total_steps=steps,
+    data = learner.ArrayData(split, "fit", recipe.batch_size, rt.eval_batch_size, spec.key.seed, total_steps=steps,
                      labels=labels, targets=targets)
     timer, stop, curves, callbacks = _callbacks(spec, params, steps, split.num_classes)
     trainer = learner.trainer(rt, recipe.grad_clip, steps, rt.val_every_steps, callbacks)
@@ -607,11 +606,13 @@ def _prepare(specs: list[RunSpec], params: Params) -> tuple[list[Job], list[Open
     return jobs, openings, done
 
 
-# Relative cost of one optimizer step against vit's (ms per step of the study of 42292e9,
-# reports/repro_breakdown.md): the pool starts the longest runs first.
-STEP_COST = {"swin": 3.0, "swin_noshift": 3.0, "swin_local": 2.4, "swin_local_shift": 2.8,
-             "resnet": 2.2, "resnet_aa": 3.5,
-             "resnet_s1": 8.3, "vit_hybrid": 1.6, "nomix": 0.7}
+# Relative cost of one optimizer step against vit's, evaluation included (a run's seconds per step in the study of
+# 492dbde, every run and trial; models within 10% of vit are 1.0): the pool starts the longest runs first, and the
+# plan prices a second-look seed with it (pipeline/report/seeds.py).
+STEP_COST = {"swin": 2.6, "swin_noshift": 2.6, "swin_local": 1.6, "swin_local_shift": 1.6,
+             "resnet": 2.0, "resnet_aa": 2.9, "resnet_s1": 6.6, "vit_hybrid": 1.6, "vit_convstem": 1.2,
+             "convmixer": 1.2, "deit": 1.4, "deit_labels": 1.3, "vit_sincos": 1.1, "vit_sincos_init": 1.1,
+             "nomix": 0.7}
 
 
 def run_cost(job: Job) -> float:

@@ -110,11 +110,10 @@ def fine_tune(job: Job) -> dict:
     import lightning as L
 
     from pipeline import learner
-    from pipeline.learner import ArrayData, Classifier, quiet_lightning
     from pipeline.report.sources import read_model
     from pipeline.resolution import at_resolution, position_kind
 
-    quiet_lightning()
+    learner.quiet_lightning()
     spec, params, ft = job.spec, job.params, job.params.finetune
     r, rt = params.train.recipe, params.train.runtime
     L.seed_everything(spec.key.seed, workers=True, verbose=False)
@@ -132,11 +131,11 @@ def fine_tune(job: Job) -> dict:
     eval_only = _accuracy(model.eval(), big.images[test], big.labels[test], rt.eval_batch_size)
     views = training_views(spec, params)
     pad = round(views.get("crop_pad", 0) * ft.size / trained_px)  # the same share of the image as in training
-    module = Classifier(model.train(), lr=ft.lr, weight_decay=r.weight_decay, warmup_steps=ft.warmup_steps,
+    module = learner.Classifier(model.train(), lr=ft.lr, weight_decay=r.weight_decay, warmup_steps=ft.warmup_steps,
                         total_steps=ft.steps, min_lr_ratio=0.0, label_smoothing=r.label_smoothing, crop_pad=pad,
                         flip=views.get("flip", False), seed=spec.key.seed)
     trainer = learner.trainer(rt, r.grad_clip, ft.steps, ft.steps, enable_checkpointing=False)
-    data = ArrayData(big, "fit", ft.batch_size, rt.eval_batch_size, spec.key.seed, total_steps=ft.steps)
+    data = learner.ArrayData(big, "fit", ft.batch_size, rt.eval_batch_size, spec.key.seed, total_steps=ft.steps)
     trainer.fit(module, datamodule=data)
     tuned = _accuracy(model.cpu().eval(), big.images[test], big.labels[test], rt.eval_batch_size)
     val = trainer.callback_metrics.get("val/acc")
