@@ -8,6 +8,7 @@ not the ones recorded.
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import json
@@ -18,38 +19,79 @@ import numpy as np
 
 from pipeline.archs import ARCHS
 from pipeline.errors import StageError
+from pipeline.families import source
 from pipeline.grid import at_main_budget, training_views
 from pipeline.io import read_json, sha256_bytes, sha256_file
 from pipeline.schemas import TEACHER_PROVENANCE
 
 WEIGHTS = "weights.pt"  # every run's final state_dict; a teacher's is what its students load
 PROVENANCE = "provenance.json"
-# The shared modules whose code decides what every run computes (the train stages' DVC deps list them, and
-# pipeline/families). A run's identity adds only its own family's module and its own rows of the table.
+# The shared modules every run executes and whose code decides its numbers (the train stages' DVC deps list them).
+# Not here: registries that only list families (families/__init__.py), scheduling, tracking and reporting code.
+# A run's identity adds only its own family's module and the behaviour of its own rows of the table.
 CODE = ("learner", "predict", "experiment", "split", "grid", "models", "budget", "provenance", "subgroups",
-        "resolution", "families/__init__", "families/common")
+        "resolution", "families/common")
+# Top-level constants that schedule, draw or test a module's code but never change what a run computes (a family's
+# relative step cost, its plot colour, its expected token rule): refreshing one retrains nothing.
+OUT_OF_IDENTITY = frozenset({"STEP_COST", "PLOT_COLOUR", "EXPECTED_TOKENS"})
+# The fields of a table row that decide what its runs build (its description and partner only label it).
+ROW_FIELDS = ("section", "family", "options", "width_of")
+
+
+class _Behaviour(ast.NodeTransformer):
+    """Drops what a module's text says without computing it: string statements (docstrings) everywhere and the
+    top-level assignments to :data:`OUT_OF_IDENTITY` names."""
+
+    def generic_visit(self, node):
+        super().generic_visit(node)
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
+            kept = [s for s in body if not _says_only(s, top=isinstance(node, ast.Module))]
+            node.body = kept or [ast.Pass()]
+        return node
+
+
+def _says_only(stmt: ast.stmt, top: bool) -> bool:
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
+        return True
+    if not top:
+        return False
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(stmt, ast.AnnAssign) else []
+    return bool(targets) and all(isinstance(t, ast.Name) and t.id in OUT_OF_IDENTITY for t in targets)
+
+
+@functools.cache  # keyed by the text itself: an edited file is parsed again
+def behaviour(source: str) -> str:
+    """What of a module's source decides what it computes: its syntax tree without comments, layout, docstrings
+    or :data:`OUT_OF_IDENTITY` constants, written back as canonical source (``ast.unparse``). Moving code between
+    modules may change it; a comment, docstring or blank line may not."""
+    return ast.unparse(_Behaviour().visit(ast.parse(source)))
+
+
+def row_behaviour(arch: str) -> str:
+    """The fields of ``arch``'s table row that decide what its runs build (:data:`ROW_FIELDS`)."""
+    return repr({f: getattr(ARCHS[arch], f) for f in ROW_FIELDS})
 
 
 def code_parts(archs, root: Path | None = None) -> dict[str, str]:
-    """What the code identity of a run building ``archs`` hashes: the shared modules, each family module of
-    ``archs``, and each one's table row (with the row whose width it reuses). ``root``: read the modules from
-    this copy of the package instead (what an edit would change)."""
-    from pipeline.families import source
-
+    """What the code identity of a run building ``archs`` hashes: the behaviour (:func:`behaviour`) of the shared
+    modules and of each family module of ``archs``, and each one's table row (with the row whose width it
+    reuses). ``root``: read the modules from this copy of the package instead (what an edit would change)."""
     here = Path(__file__).parent
     root = root or here
-    parts = {f"{name}.py": (root / f"{name}.py").read_text() for name in CODE}
+    parts = {f"{name}.py": behaviour((root / f"{name}.py").read_text()) for name in CODE}
     for arch in archs:
         rel = source(arch).relative_to(here).as_posix()
-        parts[rel] = (root / rel).read_text()
+        parts[rel] = behaviour((root / rel).read_text())
         for name in dict.fromkeys([arch, ARCHS[arch].width_of or arch]):
-            parts[f"archs:{name}"] = repr(ARCHS[name])
+            parts[f"archs:{name}"] = row_behaviour(name)
     return parts
 
 
 def code_sha256(archs, root: Path | None = None) -> str:
     """The code identity of a run that builds ``archs`` (its model; in ``flops`` mode also the reference arch):
-    adding an architecture or editing one family's module changes no other family's runs."""
+    adding an architecture or a family, or editing one family's module, changes no other family's runs; an
+    edit that changes no syntax (comments, docstrings, layout) changes no run's."""
     return _code_sha256(tuple(archs), root)
 
 

@@ -21,7 +21,6 @@ from conftest import mlflow_store
 from torch.utils.data import DataLoader, TensorDataset
 
 from pipeline import experiment, learner, split
-from pipeline.archs import ARCHS
 from pipeline.config import load_params
 from pipeline.errors import StageError
 from pipeline.executor import RunFailed
@@ -29,7 +28,7 @@ from pipeline.grid import Folders, RunKey, at_main_budget, specs_for
 from pipeline.io import sha256_file
 from pipeline.learner import Classifier, distillation_loss
 from pipeline.models import build_model
-from pipeline.provenance import CODE, WEIGHTS, load_teacher
+from pipeline.provenance import CODE, WEIGHTS, behaviour, load_teacher, row_behaviour
 
 torch.set_num_threads(1)
 KEY = RunKey("alignment", "vit", 0, 128, 20, "criterion")  # the main grid's budget mode
@@ -135,11 +134,11 @@ def test_every_provenance_field_matches_the_files(runs, workspace):
     expected = {
         "data_sha256": hashlib.sha256(np.load(data / "images.npy").tobytes()).hexdigest(),
         "train_slice_sha256": hashlib.sha256(train_idx.astype(np.int64).tobytes()).hexdigest(),
-        # the shared modules, the ViT family's module and the vit row, read from disk here
+        # the behaviour of the shared modules, of the ViT family's module and of the vit row, read from disk here
         "code_sha256": hashlib.sha256(json.dumps({
-            **{f"{n}.py": (Path(experiment.__file__).parent / f"{n}.py").read_text() for n in CODE},
-            "families/vit.py": (Path(experiment.__file__).parent / "families/vit.py").read_text(),
-            "archs:vit": repr(ARCHS["vit"])}, sort_keys=True).encode()).hexdigest(),
+            **{f"{n}.py": behaviour((Path(experiment.__file__).parent / f"{n}.py").read_text()) for n in CODE},
+            "families/vit.py": behaviour((Path(experiment.__file__).parent / "families/vit.py").read_text()),
+            "archs:vit": row_behaviour("vit")}, sort_keys=True).encode()).hexdigest(),
     }
     spec = specs_for("train", [KEY], Folders(data.parent, slices.parent, Path("o"), Path("c")))[0]
     read = json.dumps(run_params(load_params(workspace / "params.yaml"), spec), sort_keys=True)
