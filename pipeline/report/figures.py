@@ -20,7 +20,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from pipeline.report import ledger  # noqa: E402
+from pipeline.report.gate import SPEED  # noqa: E402
 
 FALLBACK_ORDER = ("vit", "vit_nopos", "vit_sincos", "vit_sincos_init", "vit_convstem", "vit_overlap",
                   "vit_hybrid", "deit", "deit_labels", "deit_vit", "swin", "swin_noshift", "swin_local", "resnet",
@@ -185,7 +185,7 @@ def ledger_figure(led: pd.DataFrame, margin: float):
     ax.grid(axis="x", alpha=GRID_ALPHA)
     subsets = rows["subset"].astype(str) if "subset" in rows else pd.Series([], dtype=str)
     others = [text for seen, text in ((subsets.str.startswith("agree/").any(), "agreement points on agree/ rows"),
-                                      ((subsets == ledger.SPEED).any(), f"share of the step cap on {ledger.SPEED}"))
+                                      ((subsets == SPEED).any(), f"share of the step cap on {SPEED}"))
               if seen]
     unit = "accuracy points" + (f" ({'; '.join(others)})" if others else "")
     ax.set_xlabel(f"estimate, {unit}: a - b (paired rows) or a - shortcut floor (floor rows); 95% CI")

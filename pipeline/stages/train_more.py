@@ -18,8 +18,7 @@ from pipeline.stages.common import parse_stage, run_folders, run_training, stage
 def plan_specs(plan: dict, params, at, lrs: dict) -> list:
     """The RunSpecs of the plan's cells: main-grid keys at the extra seeds, students with their teachers."""
     from pipeline.errors import StageError
-    from pipeline.grid import RunKey, specs_for
-    from pipeline.report.ledger import configured_cells
+    from pipeline.grid import RunKey, configured_cells, specs_for
 
     t, r, students = params.train, params.train.recipe, params.distill.students
     conf, first = configured_cells(params), set(t.seeds)
