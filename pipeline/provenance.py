@@ -27,7 +27,7 @@ PROVENANCE = "provenance.json"
 # The shared modules whose code decides what every run computes (the train stages' DVC deps list them, and
 # pipeline/families). A run's identity adds only its own family's module and its own rows of the table.
 CODE = ("learner", "predict", "experiment", "split", "grid", "models", "budget", "provenance", "subgroups",
-        "resolution", "families/__init__", "families/common")
+        "resolution", "evaluation", "families/__init__", "families/common")
 
 
 def code_parts(archs, root: Path | None = None) -> dict[str, str]:

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import re
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -173,8 +175,6 @@ def _unwritable(path: Path) -> str | None:
 
 
 def _client(uri: str) -> Guarded:
-    import logging
-
     from mlflow.exceptions import MlflowException
 
     for name, level in NOISY.items():  # "Creating initial MLflow database tables...", fault tracebacks
@@ -404,9 +404,6 @@ class StageRun:
         Saved locally, then logged through this client: MLflow's fluent ``log_model`` would set the process's
         global tracking URI (and ``$MLFLOW_TRACKING_URI``). Pickle format: a tenth of pt2's export time per
         run on 2 cores, and the store is the user's own."""
-        import logging
-        import tempfile
-
         import mlflow.pytorch
         import timm
         import torch
@@ -446,8 +443,6 @@ class StageRun:
 @contextmanager
 def stage_run(params: Params, stage: str, name: str, tags: dict[str, str] | None = None) -> Iterator[StageRun]:
     """The parent run of one stage invocation (system metrics sampled while it lasts); FAILED if the block raises."""
-    import logging
-
     from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
     logging.getLogger("mlflow.system_metrics").setLevel(logging.ERROR)  # start/stop banners, its own store faults

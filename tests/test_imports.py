@@ -10,11 +10,13 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pipeline"
 
-# Imported inside functions on purpose: seconds of import (torch, Lightning, timm, MLflow, matplotlib, Dask) that a
-# module needs only on some paths (`bias --help`, the report, a stage's input checks) or that a training stage pays
-# after its worker pool has started (pipeline.experiment: the workers import the training stack meanwhile).
-LAZY = ("torch", "torchvision", "lightning", "timm", "mlflow", "matplotlib", "dask", "distributed",
-        "pipeline.experiment")
+# Imported inside functions on purpose (docs/design.md §6, "Layers"): seconds of import that a module needs only on
+# some paths (`bias --help`, a stage's input checks, the stage process that never fits): torch, Lightning, timm,
+# MLflow and the libraries its store errors come from, matplotlib, Dask; and the training stack as a whole
+# (pipeline.experiment, and pipeline.learner, which imports Lightning), which a training stage imports after its
+# worker pool has started, so the workers import it meanwhile.
+LAZY = ("torch", "torchvision", "lightning", "timm", "mlflow", "requests", "sqlalchemy", "matplotlib", "dask",
+        "distributed", "pipeline.experiment", "pipeline.learner")
 
 # Modules owned by work not merged yet that still import inside functions (config package, families, the
 # position study, tasks, provenance): empty this once they are untangled.

@@ -20,6 +20,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
+from pipeline.archs import ARCHS
 from pipeline.report.gate import SPEED  # noqa: E402
 
 FALLBACK_ORDER = ("vit", "vit_nopos", "vit_sincos", "vit_sincos_init", "vit_convstem", "vit_overlap",
@@ -42,7 +43,6 @@ plt.rcParams.update({"font.size": FONT, "axes.titlesize": FONT, "axes.labelsize"
 def arch_order() -> list[str]:
     """The one architecture list (pipeline.archs when present), students not in it appended."""
     try:
-        from pipeline.archs import ARCHS
         names = list(ARCHS)
     except ImportError:
         names = []
@@ -55,7 +55,6 @@ def panel(arch: str) -> str:
     if arch.startswith("deit"):
         return "deit"
     try:
-        from pipeline.archs import ARCHS
         if arch in ARCHS:
             return ARCHS[arch].family
     except ImportError:

@@ -21,6 +21,7 @@ from pipeline.errors import StageError
 from pipeline.grid import configured_cells
 from pipeline.io import Shape
 from pipeline.io import read_json as read_checked
+from pipeline.models import build_model
 from pipeline.schemas import RUN_METRICS, SHORTCUT_FLOORS, TEACHER_PROVENANCE
 
 
@@ -79,8 +80,6 @@ def read_predictions(folder: str | Path) -> tuple[np.ndarray, np.ndarray] | None
 def read_model(folder: str | Path, model: str, params, num_classes: int):
     """The trained ``model`` whose final weights a run folder kept (``weights.pt``), or None if it kept none."""
     import torch
-
-    from pipeline.models import build_model
 
     path = Path(folder) / "weights.pt"
     if not path.exists():
