@@ -30,7 +30,7 @@ import pandas as pd
 from pipeline.config import load_params
 from pipeline.errors import ConfigError
 from pipeline.grid import Folders, teacher_specs, train_specs, tune_specs
-from pipeline.report import seeds
+from pipeline.report import stats
 
 MEASURE_STEPS = 300
 
@@ -113,7 +113,7 @@ def estimate(params, timing: dict, factor: float, study=None) -> pd.DataFrame:
     table[["expected_s", "cap_s"]] *= factor * overhead / workers
     names = set(params.tasks.names)
     # the second look (train_more) is data-dependent: priced at the study's own, and left out without one
-    skip = {"total", "tune", "train", "teacher"} | (set() if seeds.enabled(params) else {"train_more"})
+    skip = {"total", "tune", "train", "teacher"} | (set() if stats.second_look(params) else {"train_more"})
     fixed = {stage: s * factor for stage, s in timing.items() if isinstance(s, int | float)
              and stage not in skip and ("@" not in stage or stage.split("@")[1] in names)}
     other = pd.DataFrame({"runs": 0, "expected_s": pd.Series(fixed), "cap_s": pd.Series(fixed)})

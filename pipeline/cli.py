@@ -29,9 +29,16 @@ from pathlib import Path
 
 import yaml
 
+from bench import tiny
+from pipeline.config import load_params
 from pipeline.errors import ConfigError, StageError
-from pipeline.io import read_json
+from pipeline.grid import Folders, at_main_budget, train_specs
+from pipeline.io import atomic_dir, read_json
+from pipeline.repository import git_commit, git_init, repo_root
 from pipeline.schemas import REPORT_SUMMARY
+from pipeline.stages.common import wrong_kind
+from pipeline.tracking import tracking_uri
+from pipeline.tune import read_choice
 
 
 def _bin(name: str) -> str:
@@ -45,14 +52,10 @@ def _env() -> dict[str, str]:
 
 
 def repro(args: argparse.Namespace) -> int:
-    from pipeline.repository import repo_root
-
     return subprocess.run([_bin("dvc"), "repro", *args.dvc_args], cwd=repo_root(), env=_env()).returncode
 
 
 def smoke(args: argparse.Namespace) -> int:
-    from bench import tiny
-
     dest = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bias-smoke-"))
     if args.keep and dest.exists() and not dest.is_dir():
         raise StageError(f"--keep {dest}: a file, not a folder")
@@ -89,12 +92,6 @@ def profile(args: argparse.Namespace) -> int:
     MLflow store (the profile's own experiments, by its ``tracking.experiment_prefix``) with this checkout's
     commit and the profile's name on every run; its ``reports/`` and ``dvc.lock`` then replace
     ``reports/<name>/``. ``params.yaml``, the default ``reports/`` and ``dvc.lock`` are never touched."""
-    from bench import tiny
-    from pipeline.config import load_params
-    from pipeline.io import atomic_dir
-    from pipeline.repository import git_commit, git_init, repo_root
-    from pipeline.tracking import tracking_uri
-
     root = repo_root()
     source = root / f"params-{args.name}.yaml"
     if not source.is_file():
@@ -140,8 +137,6 @@ def _anchor_archives(path: Path, params, root: Path) -> None:
 
 def run_spec(params, arch: str, task: str, seed: int, out: Path, lrs: dict):
     """The main-grid run of (arch, task, seed), its outputs moved under ``out``; refuses what the grid lacks."""
-    from pipeline.grid import Folders, at_main_budget, train_specs
-
     root = Path("data")
     specs = [s for s in train_specs(params, Folders(root / "tasks", root / "slices", out / "runs", out / "ckpt",
                                                     root / "teachers"), lrs)
@@ -157,10 +152,7 @@ def run_spec(params, arch: str, task: str, seed: int, out: Path, lrs: dict):
 
 
 def run_one(args: argparse.Namespace) -> int:
-    from pipeline.config import load_params
     from pipeline.experiment import Job, fit
-    from pipeline.tune import read_choice
-
     params = load_params(args.params)
     choice = Path("data/tune/choice.json")
     lrs = read_choice(choice, params) if choice.exists() else {}
@@ -193,8 +185,6 @@ def run_one(args: argparse.Namespace) -> int:
 
 
 def ui(args: argparse.Namespace) -> int:
-    from pipeline.repository import repo_root
-
     store = f"sqlite:///{repo_root() / 'mlflow.db'}"
     return subprocess.run([_bin("mlflow"), "ui", "--host", "127.0.0.1", "--port", str(args.port),
                            "--backend-store-uri", store]).returncode
@@ -242,8 +232,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:
-        from pipeline.stages.common import wrong_kind
-
         if line := wrong_kind(err):
             print(line, file=sys.stderr)
             return 2

@@ -18,9 +18,11 @@ killing workers is a :class:`RunFailed`.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import logging
 import os
+import socket
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
@@ -100,8 +102,6 @@ def _freeze_at_close():
 
     class FreezeAtClose(WorkerPlugin):
         def teardown(self, worker) -> None:
-            import gc
-
             gc.freeze()
 
     return FreezeAtClose()
@@ -124,8 +124,6 @@ def _connected(client_class, scheduler: str):
 def _unreachable(scheduler: str) -> str | None:
     """Why no Dask scheduler can answer at ``scheduler`` (an unknown scheme, no port, nothing listening on a TCP
     port), else None; schemes other than tcp are left to Dask."""
-    import socket
-
     from distributed.comm.registry import backends
 
     scheme, _, rest = scheduler.rpartition("://")

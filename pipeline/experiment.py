@@ -1,14 +1,15 @@
 """Training runs as four named steps: ``prepare`` (stage process) -> ``fit`` -> ``evaluate`` (worker) -> ``record``.
 
 * ``prepare``: a run's identity, skip it if finished, keep its checkpoint only if made by this identity. Its MLflow
-  run is opened (or reopened) when its worker starts (:class:`LiveRuns`), so a run's duration is its own and not
-  its wait in the pool.
+  run is opened (or reopened) when its worker starts (:class:`pipeline.live_runs.LiveRuns`), so a run's duration
+  is its own and not its wait in the pool.
 * ``fit``: load the data, build the model, train with Lightning (resuming exactly from the last checkpoint).
-* ``evaluate``: pure: logits in, accuracies out.
+* ``evaluate``: pure: logits in, accuracies out (:mod:`pipeline.evaluation`).
 * ``record``: the stage process writes ``weights.pt``, ``predictions.npz`` and last ``metrics.json``, and logs
   params, per-step curves and final metrics to MLflow (:mod:`pipeline.tracking`).
 
-Workers (:func:`pipeline.executor.map_runs`) compute and return; only the stage process writes and tracks.
+Workers (:func:`pipeline.executor.map_runs`) compute and return; only the stage process writes and tracks. The
+inputs are checked before (:mod:`pipeline.run_inputs`), stale run folders pruned after (:mod:`pipeline.pruning`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import hashlib
 import json
 import resource
 import shutil
-import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -27,23 +27,30 @@ import numpy as np
 
 from pipeline import budget, tracking
 from pipeline.config import Params
-from pipeline.errors import ConfigError, StageError
+from pipeline.errors import StageError
+from pipeline.evaluation import evaluate, evaluate_factors
 from pipeline.executor import RunFailed, map_runs
-from pipeline.grid import RunSpec, at_main_budget, training_views
-from pipeline.io import exclusive, read_json, read_new_lines, write_json, write_with
+from pipeline.grid import RunSpec, training_views
+from pipeline.io import exclusive, read_json, write_json, write_with
+from pipeline.live_runs import LIVE, STARTED, LiveRuns, Opening
+from pipeline.models import build_model
+from pipeline.predict import predict, to_tensor
 from pipeline.provenance import (
     PROVENANCE,
     WEIGHTS,
     code_sha256,
     data_provenance,
+    index_sha256,
     load_teacher,
     params_sha256,
-    pool_sha256,
     read_teacher,
     run_archs,
     run_params,
+    teacher_record,
 )
-from pipeline.schemas import CHECKPOINT_CONFIG, CURVE_POINT, RUN_METRICS, RUN_STARTED
+from pipeline.pruning import remove_run_dir
+from pipeline.run_inputs import check_inputs
+from pipeline.schemas import CHECKPOINT_CONFIG, RUN_METRICS
 from pipeline.split import load_split, relabel, subset, training_indices, transfer_set
 
 
@@ -55,42 +62,6 @@ class Job:
     params: Params
     identity: str
     resume_from: Path | None
-
-
-def check_inputs(specs: list[RunSpec], params: Params) -> None:
-    """Read every file the runs will read, before any MLflow run or checkpoint is touched.
-
-    A refusal is then one line and changes nothing: data, slices, training subsets, a transfer student's transfer
-    set, and each teacher (readable, its sha256 as recorded, trained on these images).
-    """
-    from pipeline.families import family
-
-    splits, teachers = {}, set()
-    for spec in specs:
-        if (spec.key.task in params.evaluation.resolution.tasks and at_main_budget(spec, params)
-                and family(spec.model).resize is None):
-            raise ConfigError(f"evaluation.resolution.tasks: lists {spec.key.task}, where {spec.model} trains, but "
-                              f"the {family(spec.model).name} family has a fixed token grid (no mapping to another "
-                              f"size): drop {spec.key.task} from train.archs.{spec.key.arch}.tasks or from the sweep")
-        where = (spec.data_dir, spec.slices_dir)
-        if where not in splits:
-            splits[where] = load_split(spec, verify=True)
-        split, manifest = splits[where]
-        training_indices(spec, split, params)
-        if spec.teacher is not None and params.distill.students[spec.key.arch].transfer:
-            transfer_set(split.indices, spec.key.task, spec.slices_dir / "indices.npz")
-        if spec.teacher_dir is None or (spec.teacher_dir, spec.key.task) in teachers:
-            continue
-        teachers.add((spec.teacher_dir, spec.key.task))
-        record = load_teacher(spec.teacher_dir, spec.key.task, params, split.num_classes)[1]
-        said = (record["arch"], record["task"], record["seed"])
-        if said != (spec.teacher, spec.key.task, params.distill.teacher_seed):
-            raise StageError(f"{spec.teacher_dir / spec.key.task / PROVENANCE}: records the teacher {said[0]} on "
-                             f"{said[1]}, seed {said[2]}, not {spec.teacher} on {spec.key.task}, seed "
-                             f"{params.distill.teacher_seed} (distill.teacher_seed); rerun the teacher stage")
-        if record.get("data_sha256") != pool_sha256(manifest):
-            raise StageError(f"{spec.teacher_dir / spec.key.task / PROVENANCE}: the teacher was trained on other "
-                             f"images than {spec.data_dir} (data_sha256 differs); rerun the teacher stage")
 
 
 def identity(spec: RunSpec, params: Params) -> str:
@@ -204,9 +175,6 @@ def distillation_targets(spec: RunSpec, split, params: Params, teacher, train_id
     Rows: its own images (true label and the teacher's logits), then, with ``transfer: true``, the task's transfer
     set (label -1: never seen; the teacher's logits, or with ``targets: relabel`` the true labels with the
     teacher's own disagreement rate of them moved at random, as one-hot targets). The teacher runs once, here."""
-    from pipeline.predict import predict
-    from pipeline.provenance import index_sha256
-
     entry, bs = params.distill.students[spec.key.arch], params.train.runtime.eval_batch_size
     rows, labels = train_idx, split.labels[train_idx]
     if entry.transfer:
@@ -241,8 +209,6 @@ def fit(job: Job) -> dict:
     import torch
 
     from pipeline import learner
-    from pipeline.models import build_model
-    from pipeline.predict import to_tensor
 
     learner.quiet_lightning()
     t_run = time.perf_counter()
@@ -330,50 +296,6 @@ def _callbacks(spec: RunSpec, params: Params, steps: int, num_classes: int) -> t
     return timer, stop, curves, [timer, *([stop] if stop else []), ckpt, curves]
 
 
-# --------------------------------------------------------------------------- evaluate (pure)
-def evaluate(model, split, batch_size: int, extra: dict[str, np.ndarray]) -> dict:
-    """Test logits, accuracy overall and per slice, one-pixel shift consistency, accuracy on ``extra`` sets.
-
-    Shift consistency: does the prediction survive a (cyclic) one-pixel shift along x, which moves content
-    across patch boundaries?
-    """
-    from pipeline.predict import predict, slice_accuracy
-
-    test_idx = split.indices["test"]
-    logits = predict(model, split.images[test_idx], batch_size)
-    pred = np.full(len(split.labels), -1, dtype=np.int64)
-    pred[test_idx] = logits.argmax(-1)
-    shifted = predict(model, np.roll(split.images[test_idx], 1, axis=2), batch_size)
-    sets = {}
-    for name, idx in extra.items():
-        acc = float((predict(model, split.images[idx], batch_size).argmax(-1) == split.labels[idx]).mean())
-        sets[name] = {"acc": acc, "disagreement": 1.0 - acc, "n": int(len(idx))}
-    return {"test_idx": test_idx, "logits": logits, "slices": slice_accuracy(pred, split.labels, split.indices),
-            "shift_consistency": float((shifted.argmax(-1) == logits.argmax(-1)).mean()), "sets": sets}
-
-
-def evaluate_factors(model, spec: RunSpec, split, params: Params) -> dict:
-    """The pre-specified test-set subgroups (natural images) and the resolution sweep (``evaluation``), for
-    main-grid runs."""
-    from pipeline.predict import predict
-    from pipeline.resolution import evaluate_resolutions, native_for
-    from pipeline.subgroups import evaluate_subgroups
-
-    if not at_main_budget(spec, params):
-        return {}
-    ev, bs, task = params.evaluation, params.train.runtime.eval_batch_size, spec.key.task
-    test_idx = split.indices["test"]
-    x, y = split.images[test_idx], split.labels[test_idx]
-    out = {}
-    if task == "natural":
-        out["subgroups"] = evaluate_subgroups(lambda b: predict(model, b, bs), x, y, params)
-    if task in ev.resolution.tasks:
-        native = native_for(task, spec.data_dir, test_idx, x)
-        res = evaluate_resolutions(model, spec.model, params, native, y, ev.resolution.sizes, bs)
-        out["resolution"] = {str(k): v for k, v in res.items()}
-    return out
-
-
 # --------------------------------------------------------------------------- record (stage process)
 def compose(job: Job, result: dict, run_id: str) -> dict:
     """``metrics.json``: what analysis reads (one flat record per run)."""
@@ -437,8 +359,6 @@ def run_datasets(spec: RunSpec, metrics: dict) -> list[dict]:
 
 def trained_model(job: Job, result: dict):
     """The trained network, rebuilt from its weights in the stage process (strict: a mismatch is an error)."""
-    from pipeline.models import build_model
-
     model = build_model(job.spec.model, job.params, result["num_classes"])
     model.load_state_dict(result["state_dict"])
     return model.eval()
@@ -452,7 +372,6 @@ def record(job: Job, result: dict, tracker: tracking.StageRun, run_id: str,
     import torch
 
     from pipeline.learner import val_point
-    from pipeline.provenance import teacher_record
 
     spec, ev = job.spec, result["evaluation"]
     metrics = compose(job, result, run_id)
@@ -482,101 +401,6 @@ def record(job: Job, result: dict, tracker: tracking.StageRun, run_id: str,
 
 
 # --------------------------------------------------------------------------- orchestration
-LIVE = "live.jsonl"  # in a run's checkpoint folder: its curve points, appended by the worker as they exist
-STARTED = "started.json"  # in a run's checkpoint folder: when its worker began (written by fit)
-LIVE_EVERY_S = 2.0  # how often the stage process looks for started runs and streams their points to MLflow
-
-
-@dataclass
-class Opening:
-    """What a run's MLflow run is opened with once its worker starts."""
-
-    name: str
-    folder: Path  # the run's checkpoint folder: its start stamp, live points and config.json
-    identity: str
-    tags: dict[str, str]
-    params: dict
-    resume: str | None = None  # the MLflow run of the checkpoint it resumes: reopened, not replaced
-    run_id: str | None = None
-
-
-class LiveRuns:
-    """From a thread of the stage process, every ``every_s`` seconds: opens the MLflow run of each run whose worker
-    has started (stamped with the worker's start time, so a run queued behind others does not count its wait), and
-    streams each open run's curve points (``<ckpt>/live.jsonl``), so the UI shows curves while runs train.
-
-    Streaming is best effort: a point it could not log is logged with the run's final record (which skips the
-    ``streamed`` ones), so a store fault here loses nothing."""
-
-    def __init__(self, tracker: tracking.StageRun, every_s: float | None = None):
-        self.tracker, self.every_s = tracker, LIVE_EVERY_S if every_s is None else every_s
-        self.runs: dict[str, Opening] = {}
-        self.offsets: dict[str, int] = {}  # run name -> bytes of its live file read
-        self.logged: dict[str, set[tuple[int, str]]] = {}
-        # held by whoever talks to the store: the stage's own calls and this thread's never overlap
-        self.lock, self.stop = threading.RLock(), threading.Event()
-        self.thread = threading.Thread(target=self._loop, name="live-runs", daemon=True)
-
-    def __enter__(self) -> LiveRuns:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self.thread.join()
-
-    def watch(self, opening: Opening) -> None:
-        with self.lock:
-            self.runs[opening.name], self.offsets[opening.name], self.logged[opening.name] = opening, 0, set()
-
-    def run_id(self, name: str) -> str:
-        """The run's MLflow run, opened now if the thread has not yet (a run shorter than a poll, a failed one)."""
-        with self.lock:
-            run = self.runs[name]
-            if run.run_id is None:
-                self._open(run, _started(run.folder) or time.time())
-            return run.run_id
-
-    def opened(self, name: str) -> str | None:
-        return self.runs[name].run_id
-
-    def done(self, name: str) -> tuple[str, frozenset[tuple[int, str]]]:
-        """Stop watching ``name``: its MLflow run and the points already logged to it."""
-        with self.lock:
-            run_id = self.run_id(name)
-            self.runs.pop(name), self.offsets.pop(name)
-            return run_id, frozenset(self.logged.pop(name))
-
-    def _open(self, run: Opening, started: float) -> None:
-        run.run_id = self.tracker.open(run.name, run.tags, run.params, run.resume, start_time=started)
-        write_json(run.folder / "config.json", {"identity": run.identity, "mlflow_run_id": run.run_id})
-
-    def _loop(self) -> None:
-        while not self.stop.wait(self.every_s):
-            try:
-                self.poll()
-            except Exception:  # noqa: BLE001  the final record opens and logs what this missed; the stage goes on
-                return
-
-    def poll(self) -> None:
-        with self.lock:
-            for name, run in list(self.runs.items()):
-                if run.run_id is None:
-                    if (started := _started(run.folder)) is None:
-                        continue  # still waiting for a worker
-                    self._open(run, started)
-                points, self.offsets[name] = read_new_lines(run.folder / LIVE, self.offsets[name], CURVE_POINT)
-                if points:
-                    self.tracker.log(run.run_id, series=points)
-                    self.logged[name] |= {(p["step"], k) for p in points for k in p if k != "step"}
-
-
-def _started(folder: Path) -> float | None:
-    """When the run's worker began (seconds since the epoch), or None before it has."""
-    path = folder / STARTED
-    return read_json(path, RUN_STARTED)["started"] if path.exists() else None
-
-
 def _log_dir(ckpt_root: Path) -> Path:
     """Tracebacks of failed runs: ``.dvc/tmp/logs`` in a DVC repository, else beside the checkpoints."""
     dvc = tracking.repo_root(ckpt_root) / ".dvc"
@@ -658,25 +482,3 @@ def execute(specs: list[RunSpec], params: Params, stage: str, ckpt_root: Path, p
     return results
 
 
-def prune(root: Path, keep: list[Path]) -> None:
-    """Delete run folders under ``root`` that the current grid no longer has (persisted outputs stay clean).
-
-    The folders are collected before any is deleted: deleting while ``rglob`` walks them fails.
-    """
-    if not root.exists():
-        return
-    keep_set = {k.resolve() for k in keep}
-    stale = sorted({m.parent.resolve() for m in root.rglob("metrics.json")} - keep_set)
-    for folder in stale:
-        if folder.exists():  # else inside a folder already removed
-            remove_run_dir(folder, root)
-
-
-def remove_run_dir(folder: Path, root: Path) -> None:
-    """Delete ``folder`` and the folders above it it leaves empty, up to (not including) ``root``."""
-    folder, root = folder.resolve(), root.resolve()
-    shutil.rmtree(folder, ignore_errors=True)
-    for parent in folder.parents:
-        if parent == root or not parent.is_relative_to(root) or not parent.exists() or any(parent.iterdir()):
-            break
-        parent.rmdir()

@@ -27,6 +27,12 @@ from pipeline.config import Params
 from pipeline.errors import ConfigError, StageError
 from pipeline.grid import Folders, RunSpec, at_main_budget, specs_for, train_keys, training_views
 from pipeline.io import read_json, sha256_file
+from pipeline.predict import predict
+from pipeline.report.sources import read_model
+from pipeline.report.stats import seed_interval
+from pipeline.resolution import at_resolution, native_for, position_kind, resize_images
+from pipeline.schemas import FINETUNE_RESULT
+from pipeline.split import Split, load_split, training_indices
 
 RESULT = "metrics.json"
 
@@ -68,8 +74,6 @@ def jobs(params: Params, at: Folders, out: Path) -> list[Job]:
 
 def finished(job: Job) -> dict | None:
     """The job's result if it was written for this identity (an interrupted stage resumes at the next run)."""
-    from pipeline.schemas import FINETUNE_RESULT
-
     path = job.out_dir / RESULT
     if not path.exists():
         return None
@@ -81,8 +85,6 @@ def finished(job: Job) -> dict | None:
 
 
 def _accuracy(model, images: np.ndarray, labels: np.ndarray, batch_size: int) -> float:
-    from pipeline.predict import predict
-
     return float((predict(model, images, batch_size).argmax(1) == labels).mean())
 
 
@@ -90,9 +92,6 @@ def _resized_split(spec: RunSpec, params: Params, size: int):
     """The run's own training rows and the validation rows, from the images it trained on, and the test rows from
     their native images (as the resolution sweep reads them; CIFAR-10 keeps its 32 px for test rows only), each
     resized to ``size``."""
-    from pipeline.resolution import native_for, resize_images
-    from pipeline.split import Split, load_split, training_indices
-
     split, _ = load_split(spec)
     rows = {"fit": training_indices(spec, split, params), "val": split.indices["val"], "test": split.indices["test"]}
     method = params.evaluation.resolution.image_resize
@@ -110,9 +109,6 @@ def fine_tune(job: Job) -> dict:
     import lightning as L
 
     from pipeline import learner
-    from pipeline.report.sources import read_model
-    from pipeline.resolution import at_resolution, position_kind
-
     learner.quiet_lightning()
     spec, params, ft = job.spec, job.params, job.params.finetune
     r, rt = params.train.recipe, params.train.runtime
@@ -149,8 +145,6 @@ def table(results: list[dict], trained_acc: dict[str, float], level: float) -> p
     """Per (task, arch): seeds, position code, test accuracy at the training size (``trained_acc``: run name ->
     its recorded test accuracy), evaluation only at ``size`` and after fine-tuning there, with Student-t
     intervals over seeds, and the fine-tuning gain over evaluation only."""
-    from pipeline.report.stats import seed_interval
-
     cols = ["task", "arch", "position", "seeds", "size", "trained", "trained_lo", "trained_hi", "eval_only",
             "eval_only_lo", "eval_only_hi", "finetuned", "finetuned_lo", "finetuned_hi", "gain", "gain_lo",
             "gain_hi", "skipped"]

@@ -169,3 +169,11 @@ def tune_specs(params: Params, at: Folders) -> list[RunSpec]:
 def teacher_specs(params: Params, at: Folders) -> list[RunSpec]:
     """The ``teacher`` stage: every teacher arch of ``distill.teachers`` on every task its students train on."""
     return [s for arch in params.distill.teachers for s in specs_for("teacher", teacher_keys(params, arch), at)]
+
+
+def configured_cells(params) -> dict[str, set[str]]:
+    """arch -> the tasks it trains on in the main grid (``train.archs``, the distilled students)."""
+    out = {arch: set(entry.tasks) for arch, entry in params.train.archs.items()}
+    for student in params.distill.students:
+        out.setdefault(student, set()).update(params.distill.student_tasks(student))
+    return out

@@ -4,6 +4,7 @@ file, and equal content gives equal bytes."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -14,6 +15,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from pipeline.errors import StageError
 
@@ -76,8 +79,6 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
 def save_npz(path: str | Path, arrays: dict[str, Any]) -> None:
     """Like ``np.savez`` (``np.load`` reads it) but with fixed zip timestamps, so equal arrays give equal
     bytes and DVC sees an unchanged output when nothing changed."""
-    import numpy as np
-
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as zf:
         for name in sorted(arrays):
             info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
@@ -214,8 +215,6 @@ def _kind(value: Any) -> str:
 
 
 def _jsonable(obj: Any) -> Any:
-    import numpy as np
-
     if isinstance(obj, np.integer):
         return int(obj)
     if isinstance(obj, np.floating):
@@ -235,8 +234,6 @@ def exclusive(folder: Path, what: str) -> Iterator[None]:
     a DVC output must hold only what the stage writes. The kernel releases the lock when its process dies,
     so a killed stage never leaves one behind.
     """
-    import fcntl  # POSIX only, as the rest of the pipeline
-
     key = hashlib.sha256(str(Path(folder).resolve()).encode()).hexdigest()[:16]
     path = Path(tempfile.gettempdir()) / f"bias-{key}.lock"
     with open(path, "a+") as handle:

@@ -9,8 +9,10 @@ in the batch beside the label; see :func:`distillation_loss`.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -438,9 +440,6 @@ def quiet_lightning() -> None:
 
     Called where a run fits (a worker process or the stage process); Lightning's import (above) has set its
     loggers to INFO by then."""
-    import logging
-    import warnings
-
     for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
         logging.getLogger(name).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*(LeafSpec|logging interval|does not have many workers).*")

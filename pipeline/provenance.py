@@ -22,6 +22,7 @@ from pipeline.errors import StageError
 from pipeline.families import source
 from pipeline.grid import at_main_budget, training_views
 from pipeline.io import read_json, sha256_bytes, sha256_file
+from pipeline.models import build_model
 from pipeline.schemas import TEACHER_PROVENANCE
 
 WEIGHTS = "weights.pt"  # every run's final state_dict; a teacher's is what its students load
@@ -30,7 +31,7 @@ PROVENANCE = "provenance.json"
 # Not here: registries that only list families (families/__init__.py), scheduling, tracking and reporting code.
 # A run's identity adds only its own family's module and the behaviour of its own rows of the table.
 CODE = ("learner", "predict", "experiment", "split", "grid", "models", "budget", "provenance", "subgroups",
-        "resolution", "families/common")
+        "resolution", "families/common", "evaluation")
 # Top-level constants that schedule, draw or test a module's code but never change what a run computes (a family's
 # relative step cost, its plot colour, its expected token rule): refreshing one retrains nothing.
 OUT_OF_IDENTITY = frozenset({"STEP_COST", "PLOT_COLOUR", "EXPECTED_TOKENS"})
@@ -208,9 +209,7 @@ def load_teacher(teacher_dir: Path, task: str, params, num_classes: int):
     Returns ``(model in eval mode with frozen weights, provenance record)``. Raises :class:`StageError`
     when the record or weights are missing or the weights' sha256 differs from the recorded one.
     """
-    import torch
-
-    from pipeline.models import build_model
+    import torch  # heavy: the provenance records and hashes need no torch
 
     record, weights = read_teacher(teacher_dir, task)
     expected, actual = record["checkpoint_sha256"], sha256_file(weights)

@@ -21,10 +21,10 @@ SLICE_MANIFEST: Shape = {"source.images_sha256": str, "source.labels_sha256": st
 RUN_METRICS: Shape = {"task": str, "arch": str, "seed": int, "train_size": int, "test_acc": Unit,
                       "val_acc": (Unit, type(None)), "slices.*.acc": Unit}
 
-# <ckpt>/live.jsonl (learner.Curves, one point per line): what experiment.LiveRuns streams to MLflow.
+# <ckpt>/live.jsonl (learner.Curves, one point per line): what live_runs.LiveRuns streams to MLflow.
 CURVE_POINT: Shape = {"step": int}
 
-# <ckpt>/started.json (experiment.fit): when the run's worker began; experiment.LiveRuns opens its MLflow run then.
+# <ckpt>/started.json (experiment.fit): when the run's worker began; live_runs.LiveRuns opens its MLflow run then.
 RUN_STARTED: Shape = {"started": float}
 
 # <ckpt>/config.json (experiment.execute): which run identity and MLflow run a checkpoint belongs to.

@@ -11,7 +11,7 @@ import torch
 from pipeline.config import Params
 from pipeline.models import build_model
 from pipeline.report import collisions as col
-from pipeline.report import ledger
+from pipeline.report import measure
 
 PATCH = 4
 
@@ -98,10 +98,10 @@ def test_ledger_rows_hold_and_fail_on_the_numbers():
     row = {"task": "alignment", "seed": 0, "other_arch": "resnet", "D": 48, "null_dim": 12,
            "pixel_rms_grey_levels": 64.0, "vit_max_diff_f64": 1e-14, "vit_max_diff_f32": 1e-6, "vit_flips": 0.0,
            "other_max_diff_f64": 2.0, "other_flips": 0.4, "share_discarded": 0.2, "share_random": 0.25}
-    good = ledger.collision_rows(pd.DataFrame([row]), 1e-10, 1e-5)
+    good = measure.collision_rows(pd.DataFrame([row]), 1e-10, 1e-5)
     assert [r["id"] for r in good] == ["exact.collision.vit", "exact.collision.resnet"]
     assert all(r["exact"] for r in good)
-    bad = ledger.collision_rows(pd.DataFrame([{**row, "vit_max_diff_f64": 1e-3, "other_max_diff_f64": 0.0}]),
+    bad = measure.collision_rows(pd.DataFrame([{**row, "vit_max_diff_f64": 1e-3, "other_max_diff_f64": 0.0}]),
                                 1e-10, 1e-5)
     assert not any(r["exact"] for r in bad)
-    assert ledger.collision_rows(pd.DataFrame(), 1e-10, 1e-5) == []
+    assert measure.collision_rows(pd.DataFrame(), 1e-10, 1e-5) == []

@@ -18,7 +18,7 @@ from statsmodels.stats.weightstats import ttost_paired
 from pipeline.archs import ARCHS
 from pipeline.config import parse_params
 from pipeline.errors import ConfigError
-from pipeline.report import cells, ledger, stats
+from pipeline.report import cells, contrasts, gate, ledger, stats
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -180,7 +180,7 @@ def test_a_pair_at_the_ceiling_is_decided_on_how_soon_it_learned():
     params = _params({"vit": ["relation"], "mixer": ["relation"]})
     row = ledger.judge(params, runs, items, {}, {}, 0).set_index("id").loc["relation.attention_vs_mixer.relation"]
     speed = 1 - np.array(steps["vit"]) / 1000 - (1 - np.array(steps["mixer"]) / 1000)
-    assert row.subset == ledger.SPEED and row.reason == "" and row.verdict == "held"
+    assert row.subset == gate.SPEED and row.reason == "" and row.verdict == "held"
     assert row.estimate == pytest.approx(speed.mean()) and row.seed_sd == pytest.approx(speed.std(ddof=1))
     assert row.p == pytest.approx(sps.ttest_1samp(speed, 0).pvalue)
     assert (row.acc_a, row.acc_b) == pytest.approx((0.84, 0.30))
@@ -192,11 +192,11 @@ def test_a_pair_at_the_ceiling_is_decided_on_how_soon_it_learned():
 def test_gate_rules():
     row = {"kind": "paired", "finding": "scale", "a": "x", "b": "y", "subset": "slice/ood"}
     m = {"seeds": 5, "in_a": 0.9, "in_b": 0.9, "learn_at": 0.75, "acc_a": 0.51, "acc_b": 0.50, "chance": 0.5}
-    assert ledger.gate(row, m, 0.01) == "both at chance on slice/ood: 0.510 and 0.500 (chance 0.500)"
+    assert gate.gate(row, m, 0.01) == "both at chance on slice/ood: 0.510 and 0.500 (chance 0.500)"
     # budget rows need no learned arm (ceiling and chance rules only): off chance under one budget, decided
-    assert ledger.gate({**row, "finding": "budget"}, {**m, "in_a": 0.1, "acc_a": 0.7}, 0.01) == ""
-    assert ledger.gate({**row, "kind": "floor"}, {**m, "in_a": 0.1}, 0.01) == ""  # floors are not gated
-    assert ledger.gate(row, {**m, "acc_a": 0.7}, 0.01) == ""
+    assert gate.gate({**row, "finding": "budget"}, {**m, "in_a": 0.1, "acc_a": 0.7}, 0.01) == ""
+    assert gate.gate({**row, "kind": "floor"}, {**m, "in_a": 0.1}, 0.01) == ""  # floors are not gated
+    assert gate.gate(row, {**m, "acc_a": 0.7}, 0.01) == ""
 
 
 def test_gate_where_learning_is_the_question():
@@ -205,15 +205,15 @@ def test_gate_where_learning_is_the_question():
     m = {"seeds": 5, "in_a": 0.98, "in_b": 0.50, "learn_at": 0.75, "acc_a": 0.98, "acc_b": 0.50, "chance": 0.5}
     plus = {"kind": "paired", "finding": "arrangement", "a": "vit_sincos", "b": "vit", "subset": "test",
             "expect": "+"}
-    assert ledger.gate(plus, m, 0.01) == ""
-    assert ledger.gate(plus, {**m, "in_a": 0.5, "acc_a": 0.52}, 0.01) == (
+    assert gate.gate(plus, m, 0.01) == ""
+    assert gate.gate(plus, {**m, "in_a": 0.5, "acc_a": 0.52}, 0.01) == (
         "vit_sincos did not learn: in-distribution 0.500 (needs >= 0.750); "
         "vit did not learn: in-distribution 0.500 (needs >= 0.750)")
-    assert ledger.gate({**plus, "expect": "0"}, m, 0.01) == "vit did not learn: in-distribution 0.500 (needs >= 0.750)"
+    assert gate.gate({**plus, "expect": "0"}, m, 0.01) == "vit did not learn: in-distribution 0.500 (needs >= 0.750)"
     cross = {**plus, "a": "swin_local_shift", "b": "swin_local", "subset": "slice/window=cross",
              "learned_on": "slice/window=same"}
-    assert ledger.gate(cross, m, 0.01) == "swin_local did not learn: slice/window=same 0.500 (needs >= 0.750)"
-    assert ledger.gate(cross, {**m, "in_b": 0.9}, 0.01) == ""
+    assert gate.gate(cross, m, 0.01) == "swin_local did not learn: slice/window=same 0.500 (needs >= 0.750)"
+    assert gate.gate(cross, {**m, "in_b": 0.9}, 0.01) == ""
 
 
 def test_learned_on_judges_learning_on_its_own_slice():
@@ -248,10 +248,10 @@ def test_every_contrast_declares_a_margin_within_its_anchor():
     anchored = frame[frame.anchor.notna()]
     assert len(anchored) and (anchored.margin <= anchored.anchor).all()
     default = _params({}).report.equivalence_margin
-    ledger.check_margins(ledger.CONTRASTS, default)  # the default does not exceed the smallest anchor
+    contrasts.check_margins(contrasts.CONTRASTS, default)  # the default does not exceed the smallest anchor
     assert default <= anchored.anchor.min()
     with pytest.raises(ValueError, match="smallest anchored effect"):
-        ledger.check_margins(ledger.CONTRASTS, 0.03)  # the old single margin contained Swin's +0.011
+        contrasts.check_margins(contrasts.CONTRASTS, 0.03)  # the old single margin contained Swin's +0.011
 
 
 def test_learned_arms_are_decided_in_one_family():
@@ -282,7 +282,7 @@ def test_one_seed_rows_are_underpowered_without_an_invented_number():
 def test_budget_row_at_chance_under_both_budgets_is_uninformative():
     """More steps that leave an arch at chance decide nothing about "cannot" vs "not yet"; a budget row whose
     main-budget arm is at chance but whose longer budget learned is still decided (that is its question)."""
-    from pipeline.report.ledger import gate
+    from pipeline.report.gate import gate
 
     row = {"kind": "paired", "finding": "budget", "subset": "test", "a": "vit", "b": "vit"}
     base = {"seeds": 3, "in_a": 0.49, "in_b": 0.48, "learn_at": 0.78, "chance": 0.5}
@@ -356,6 +356,6 @@ def test_the_chance_rule_reads_accuracy_not_agreement():
     row = {"kind": "paired", "finding": "distillation", "a": "x", "b": "y", "subset": "agree/ood_teacher_wrong",
            "expect": "+"}
     m = {"seeds": 5, "in_a": 0.96, "in_b": 0.96, "learn_at": 0.9, "acc_a": 0.505, "acc_b": 0.394, "chance": 0.5}
-    assert ledger.gate(row, m, 0.01) == ""
-    assert ledger.gate({**row, "subset": "slice/ood"}, m, 0.01).startswith("both at chance on slice/ood")
-    assert ledger.gate(row, {**m, "acc_a": 1.0, "acc_b": 0.995}, 0.01).startswith("both at ceiling")
+    assert gate.gate(row, m, 0.01) == ""
+    assert gate.gate({**row, "subset": "slice/ood"}, m, 0.01).startswith("both at chance on slice/ood")
+    assert gate.gate(row, {**m, "acc_a": 1.0, "acc_b": 0.995}, 0.01).startswith("both at ceiling")

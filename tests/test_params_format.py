@@ -198,7 +198,7 @@ def _figure_archs() -> dict[str, set[str]]:
 def test_every_main_grid_cell_has_a_reader(profile):
     # A cell that no ledger row, budget row or per-factor figure reads costs seeds and decides nothing: drop it
     # from train.archs or give it a row (pipeline/report/contrasts.csv).
-    from pipeline.report.ledger import cell_readers
+    from pipeline.report.contrasts import cell_readers
 
     readers = cell_readers(load_params(ROOT / profile), _figure_archs())
     assert not sorted(cell for cell, who in readers.items() if not who)

@@ -13,7 +13,8 @@ import yaml
 
 from pipeline.archs import ARCHS
 from pipeline.config import ArchEntry, load_params
-from pipeline.report import cells, ledger, markdown, natural, pages, sources
+from pipeline.grid import configured_cells
+from pipeline.report import cells, contrasts, ledger, markdown, measure, natural, pages, sources
 from pipeline.stages import report as report_stage
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -200,7 +201,7 @@ def test_floor_rows_and_budget_pairs(tmp_path, params_path):
     assert local.reason.startswith("swin_local did not learn: slice/window=same 0.")
     nomix = led.loc["floor.nomix.relation"]
     assert nomix.floor_baseline == "one_mark" and nomix.verdict == "failed"  # 1.0 far above the floor
-    assert ledger.floor_of(inp.floors, "relation") == (0.70, "nomix")
+    assert measure.floor_of(inp.floors, "relation") == (0.70, "nomix")
     sizes = cells.size_cells(cells.cell_table(inp.runs, inp.items, params.report, 0), cells.main_config(inp.runs))
     assert sorted(sizes.train_size.unique()) == [40, 80] and set(sizes.arch) == {"swin"}
     budget = led.loc["budget.swin.relation.steps4000"]  # swin again at 4000 steps, right on every item
@@ -213,8 +214,8 @@ def test_floor_never_comes_from_a_baseline_that_sees_the_factor():
         "tokens_bag": {"acc": 0.5, "uses_factor": False},
         "tokens_pos": {"acc": 1.0, "uses_factor": True},  # sees the layout: the task's own factor
         "nomix": {"acc": 0.6, "uses_factor": False}}}}
-    assert ledger.floor_of(floors, "arrangement") == (0.6, "nomix")
-    assert ledger.floor_of(floors, "arrangement", exclude=("nomix",)) == (0.5, "tokens_bag")
+    assert measure.floor_of(floors, "arrangement") == (0.6, "nomix")
+    assert measure.floor_of(floors, "arrangement", exclude=("nomix",)) == (0.5, "tokens_bag")
 
 
 def test_twin_check_is_exact():
@@ -314,12 +315,12 @@ def test_every_predicted_contrast_is_run_at_the_default_params(profile):
     its tasks in the large profile, and in the default except the rows it leaves out on purpose (a pair missing
     from the grid would silently drop its row)."""
     params = load_params(ROOT / profile)
-    planned = {row["id"] for row in ledger.plan(params)}
-    default = ledger.configured_cells(load_params(ROOT / "params.yaml"))
+    planned = {row["id"] for row in contrasts.plan(params)}
+    default = configured_cells(load_params(ROOT / "params.yaml"))
     # a distill.* row is planned wherever both arms train: the default's such tasks, in both profiles
-    every = {f"{c['id']}.{t}" for c in ledger.CONTRASTS
+    every = {f"{c['id']}.{t}" for c in contrasts.CONTRASTS
              for t in c["tasks"] or sorted(default.get(c["a"], set()) & default.get(c["b"], set()))}
-    every |= {f"{f['id']}.{t}" for f in ledger.FLOOR_ROWS for t in f["tasks"]}
+    every |= {f"{f['id']}.{t}" for f in contrasts.FLOOR_ROWS for t in f["tasks"]}
     left_out = DEFAULT_LEAVES_OUT if profile == "params.yaml" else set()
     assert left_out <= every and sorted(every - left_out - planned) == []
     assert not left_out & planned  # a row the default runs again comes off the list
@@ -330,7 +331,7 @@ def test_every_grid_cell_has_a_main_grid_partner(profile):
     """A grid run (more steps, another size, draw or budget mode) is judged against the same arch and task in the
     main grid; a grid cell whose arch does not run that task in the main grid would be a pair with one arm."""
     params = load_params(ROOT / profile)
-    conf = ledger.configured_cells(params)
+    conf = configured_cells(params)
     for name, grid in params.train.grids.items():
         for arch in grid.archs:
             missing = set(grid.tasks or ()) - conf[arch]
@@ -340,8 +341,8 @@ def test_every_grid_cell_has_a_main_grid_partner(profile):
 def test_a_tied_floor_names_the_shortcut_stage_pick():
     floors = {"relation": {"floor": 0.53, "floor_baseline": "tokens_bag", "baselines": {
         "a_plus_b": {"acc": 0.53}, "tokens_bag": {"acc": 0.53}, "colour_a_alone": {"acc": 0.51}}}}
-    assert ledger.floor_of(floors, "relation") == (0.53, "tokens_bag")
-    assert ledger.floor_of(floors, "relation", exclude=("tokens_bag",)) == (0.53, "a_plus_b")
+    assert measure.floor_of(floors, "relation") == (0.53, "tokens_bag")
+    assert measure.floor_of(floors, "relation", exclude=("tokens_bag",)) == (0.53, "a_plus_b")
 
 
 def test_agreement_where_the_teacher_is_wrong_separates_inheritance_from_accuracy(tmp_path):

@@ -15,7 +15,7 @@ from pipeline.archs import ARCHS
 from pipeline.config import parse_params
 from pipeline.errors import StageError
 from pipeline.grid import Folders
-from pipeline.report import ledger, seeds
+from pipeline.report import ledger, seeds, stats
 from pipeline.stages.train_more import plan_specs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -221,7 +221,7 @@ def _two_looks_under_the_null(sims: int, params, rng) -> tuple[float, float]:
 
     from pipeline.report import stats
 
-    level, first, cap = seeds.look_alpha(params), len(params.train.seeds), params.plan.max_seeds
+    level, first, cap = stats.look_alpha(params), len(params.train.seeds), params.plan.max_seeds
 
     def p(x):
         return 2 * sps.t.sf(abs(x.mean() / (x.std(ddof=1) / np.sqrt(len(x)))), len(x) - 1)
@@ -249,8 +249,8 @@ def test_the_second_look_keeps_its_level_though_its_seeds_depend_on_the_first(pr
     from pipeline.config import load_params
 
     params, sims = load_params(ROOT / profile), 12000
-    assert seeds.enabled(params)
-    level = seeds.look_alpha(params)
+    assert stats.second_look(params)
+    level = stats.look_alpha(params)
     one, two = _two_looks_under_the_null(sims, params, np.random.default_rng(7))
     se = math.sqrt(level * (1 - level) / sims)
     assert abs(one - level) < 3 * se  # look 1 is an ordinary t test at its level

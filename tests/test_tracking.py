@@ -125,7 +125,7 @@ def test_live_runs_open_when_the_worker_starts_and_stream_while_it_trains(tmp_pa
     from test_tracking_faults import params_for
 
     from pipeline import tracking
-    from pipeline.experiment import STARTED, LiveRuns, Opening
+    from pipeline.live_runs import STARTED, LiveRuns, Opening
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     live = tmp_path / "live.jsonl"
@@ -162,9 +162,9 @@ def test_a_trained_run_logs_each_curve_point_once(copy_workspace, monkeypatch):
     validation point is in the run's history exactly once, and the live file is gone with the checkpoints."""
     from mlflow.tracking import MlflowClient
 
-    from pipeline import experiment
+    from pipeline import live_runs
 
-    monkeypatch.setattr(experiment, "LIVE_EVERY_S", 0.05)
+    monkeypatch.setattr(live_runs, "LIVE_EVERY_S", 0.05)
     raw = edited(copy_workspace)
     with mlflow_store(copy_workspace):
         assert train.main(stage(copy_workspace, raw)) == 0
@@ -176,7 +176,7 @@ def test_a_trained_run_logs_each_curve_point_once(copy_workspace, monkeypatch):
     assert sorted(m.step for m in history) == [r["step"] for r in metrics["curve"]]
     losses = client.get_metric_history(run.info.run_id, "train/loss")
     assert len({m.timestamp for m in losses}) > 1  # arrived over time, not all with the final record
-    assert not list((copy_workspace / "data/ckpt/train").rglob(experiment.LIVE))
+    assert not list((copy_workspace / "data/ckpt/train").rglob(live_runs.LIVE))
 
 
 def test_a_queued_run_is_timed_from_its_own_start(copy_workspace):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import tiny_repo
 
-from pipeline import tracking
+from pipeline import mlflow_store, tracking
 from pipeline.config import Params, parse_params
 from pipeline.errors import StageError
 from pipeline.stages.common import stage_main
@@ -101,7 +101,7 @@ def test_locked_store_is_one_line_after_sqlites_wait(store, capfd):
 
 def test_held_store_lock_waits_a_bounded_time_and_names_it(store, capfd, monkeypatch):
     db, uri, params = store
-    monkeypatch.setattr(tracking, "LOCK_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(mlflow_store, "LOCK_TIMEOUT_S", 0.3)
     lock = Path(f"{db}.lock")
     # the lock held by another process (flock locks are per open file, so a second process is the honest test)
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from filelock import FileLock; "

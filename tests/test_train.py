@@ -20,7 +20,7 @@ import yaml
 from conftest import mlflow_store
 from torch.utils.data import DataLoader, TensorDataset
 
-from pipeline import experiment, learner, split
+from pipeline import experiment, learner, pruning, split
 from pipeline.config import load_params
 from pipeline.errors import StageError
 from pipeline.executor import RunFailed
@@ -274,7 +274,7 @@ def test_prune_removes_stale_nested_runs(tmp_path):
     for rel in ("keep/x", "gone/a", "gone/a/b", "gone/c"):
         (tmp_path / rel).mkdir(parents=True, exist_ok=True)
         (tmp_path / rel / "metrics.json").write_text("{}")
-    experiment.prune(tmp_path, [tmp_path / "keep/x"])
+    pruning.prune(tmp_path, [tmp_path / "keep/x"])
     assert (tmp_path / "keep/x/metrics.json").exists() and not (tmp_path / "gone").exists()
 
 

@@ -10,6 +10,7 @@ import math
 
 import pandas as pd
 
+from pipeline.report import stats
 from pipeline.report.sources import run_outcome, slice_acc
 
 CI_METHOD = ("Student-t over seeds (per-seed accuracy on the shared test items; paired per seed for contrasts, "
@@ -162,8 +163,6 @@ def agreement_table(agreements: pd.DataFrame, level: float) -> pd.DataFrame:
     """Long form of the agreements (:func:`pipeline.report.sources.agreements`): per task, arch, teacher and
     ``where`` (test, ood, teacher_wrong, ood_teacher_wrong), the seeds, the seed mean and its seed-level t
     interval. A teacher compared with another teacher is one seed: no interval."""
-    from pipeline.report.cells import seed_accuracy
-
     cols = ["task", "arch", "source", "teacher", "where", "seeds", "mean", "ci_lo", "ci_hi"]
     if agreements.empty:
         return pd.DataFrame(columns=cols)
@@ -173,7 +172,7 @@ def agreement_table(agreements: pd.DataFrame, level: float) -> pd.DataFrame:
                            value_vars=[k for k in names if k in agreements],
                            var_name="where", value_name="value").dropna(subset=["value"])
     rows = [{**dict(zip(["task", "arch", "source", "teacher", "where"], key, strict=True)), "seeds": len(g),
-             **seed_accuracy(g.sort_values("seed")["value"].to_numpy(dtype=float), level)}
+             **stats.seed_accuracy(g.sort_values("seed")["value"].to_numpy(dtype=float), level)}
             for key, g in long.groupby(["task", "arch", "source", "teacher", "where"], sort=True)]
     out = pd.DataFrame(rows, columns=cols)
     out["where"] = out["where"].map(names)

@@ -16,6 +16,7 @@ import pandas as pd
 
 from pipeline.errors import StageError
 from pipeline.report import stats
+from pipeline.report.aggregate import parse_slice
 
 CELL = ["task", "arch", "train_size", "steps", "budget_mode", "data_seed"]
 TWIN_TASKS = ("arrangement", "relation")  # pools whose samples come in adjacent twins (index 2i, 2i + 1)
@@ -109,12 +110,6 @@ def select(runs: pd.DataFrame, task: str, arch: str, config: dict) -> pd.DataFra
     return runs[sel]
 
 
-def seed_accuracy(per_seed, level: float) -> dict:
-    """Mean accuracy over seeds with its seed-level t interval (clipped to [0, 1]); NaN interval for one seed."""
-    b = stats.seed_interval(per_seed, level, bounds=(0.0, 1.0))
-    return {"mean": b["estimate"], "ci_lo": b["ci_lo"], "ci_hi": b["ci_hi"]}
-
-
 def slice_accuracy(runs: pd.DataFrame, items: Items, slices: tuple[str, ...], level: float) -> pd.DataFrame:
     """Per (task, arch, source) of ``runs`` and per slice it has: mean over seeds of each seed's accuracy on the
     slice's items, with its seed-level t interval (NaN with one seed, e.g. a teacher)."""
@@ -124,7 +119,7 @@ def slice_accuracy(runs: pd.DataFrame, items: Items, slices: tuple[str, ...], le
             idx = items.subset(task, name)
             if idx is not None and (got := items.matrix(g, idx)) is not None:
                 rows.append({"task": task, "arch": arch, "source": source, "slice": name,
-                             **seed_accuracy(got[1].mean(axis=1), level)})
+                             **stats.seed_accuracy(got[1].mean(axis=1), level)})
     return pd.DataFrame(rows, columns=["task", "arch", "source", "slice", "mean", "ci_lo", "ci_hi"])
 
 
@@ -136,7 +131,7 @@ def cell_summary(rows: pd.DataFrame, items: Items, rp, seed: int) -> dict:
     cp_lo, cp_hi = stats.clopper_pearson(k, n, rp.confidence)
     got = items.matrix(rows)
     per_seed, n_items = (got[1].mean(axis=1), got[1].shape[1]) if got is not None else (accs, 0)
-    b = seed_accuracy(per_seed, rp.confidence)
+    b = stats.seed_accuracy(per_seed, rp.confidence)
     mean, lo, hi = b["mean"], b["ci_lo"], b["ci_hi"]
     bimodal = 0 < k < n
     note = ("bimodal: needs more seeds" if bimodal and n < rp.min_seeds_bimodal else
@@ -179,7 +174,7 @@ def slice_summary(rows: pd.DataFrame, items: Items, task: str, rp, seed: int) ->
     for name, idx in sorted((items.pools.get(task) or {}).get("subsets", {}).items()):
         if name == "test" or (got := items.matrix(rows, idx)) is None:
             continue
-        out.append({"slice": name, "n": got[1].shape[0], **seed_accuracy(got[1].mean(axis=1), rp.confidence),
+        out.append({"slice": name, "n": got[1].shape[0], **stats.seed_accuracy(got[1].mean(axis=1), rp.confidence),
                     "items": got[1].shape[1]})
     return out
 
@@ -211,8 +206,6 @@ def twin_check(index: np.ndarray, logits: np.ndarray, labels: np.ndarray, twins:
 
 def slice_table(runs: pd.DataFrame, items: Items, config: dict, rp, seed: int) -> pd.DataFrame:
     """Main-grid cells x test slices (``slice/<factor>=<value>``, ``slice/id``, ``slice/ood``) with CIs."""
-    from pipeline.report.aggregate import parse_slice
-
     rows = []
     for (task, arch), _ in runs[runs.source == "runs"].groupby(["task", "arch"], sort=True):
         cell = select(runs, task, arch, config)

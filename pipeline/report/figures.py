@@ -20,7 +20,8 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from pipeline.report import ledger  # noqa: E402
+from pipeline.archs import ARCHS
+from pipeline.report.gate import SPEED  # noqa: E402
 
 FALLBACK_ORDER = ("vit", "vit_nopos", "vit_sincos", "vit_sincos_init", "vit_convstem", "vit_overlap",
                   "vit_hybrid", "deit", "deit_labels", "deit_vit", "swin", "swin_noshift", "swin_local", "resnet",
@@ -42,7 +43,6 @@ plt.rcParams.update({"font.size": FONT, "axes.titlesize": FONT, "axes.labelsize"
 def arch_order() -> list[str]:
     """The one architecture list (pipeline.archs when present), students not in it appended."""
     try:
-        from pipeline.archs import ARCHS
         names = list(ARCHS)
     except ImportError:
         names = []
@@ -55,7 +55,6 @@ def panel(arch: str) -> str:
     if arch.startswith("deit"):
         return "deit"
     try:
-        from pipeline.archs import ARCHS
         if arch in ARCHS:
             return ARCHS[arch].family
     except ImportError:
@@ -185,7 +184,7 @@ def ledger_figure(led: pd.DataFrame, margin: float):
     ax.grid(axis="x", alpha=GRID_ALPHA)
     subsets = rows["subset"].astype(str) if "subset" in rows else pd.Series([], dtype=str)
     others = [text for seen, text in ((subsets.str.startswith("agree/").any(), "agreement points on agree/ rows"),
-                                      ((subsets == ledger.SPEED).any(), f"share of the step cap on {ledger.SPEED}"))
+                                      ((subsets == SPEED).any(), f"share of the step cap on {SPEED}"))
               if seen]
     unit = "accuracy points" + (f" ({'; '.join(others)})" if others else "")
     ax.set_xlabel(f"estimate, {unit}: a - b (paired rows) or a - shortcut floor (floor rows); 95% CI")

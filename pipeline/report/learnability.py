@@ -23,7 +23,7 @@ COLUMNS = ["task", "arch", "seeds", "lr", "id_mean", "id_lo", "id_hi", "chance",
 def learn_threshold(chance: float, floor: float, fraction: float) -> float:
     """In-distribution accuracy an arm must reach to count as having learned a task: a ``fraction`` of the way
     from the best accuracy available without learning it (chance or the task's floor, whichever is higher; the
-    floor is :func:`pipeline.report.ledger.learning_floor`, an absent one is chance) to 1. The ledger's
+    floor is :func:`pipeline.report.measure.learning_floor`, an absent one is chance) to 1. The ledger's
     informativeness gate uses this same function."""
     base = chance if floor != floor else max(chance, floor)
     return base + fraction * (1.0 - base)
@@ -95,7 +95,7 @@ def learnability_table(runs: pd.DataFrame, config: dict, floors: dict, floor: di
     """One row per task x arch at the main ``config`` (columns :data:`COLUMNS`), sorted by task then arch.
 
     floors: task -> floors.json (for chance); floor: task -> the shortcut floor the ledger uses
-    (:func:`pipeline.report.ledger.floor_of`); fraction: task -> learn fraction (:func:`learn_fraction`)."""
+    (:func:`pipeline.report.measure.floor_of`); fraction: task -> learn fraction (:func:`learn_fraction`)."""
     main = runs[runs.source == "runs"]
     rows = []
     for task, arch in sorted(set(zip(main.task, main.arch, strict=True))):

@@ -11,7 +11,8 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline.report.aggregate import CI_METHOD
-from pipeline.report.ledger import SPEED, counts, leads
+from pipeline.report.gate import SPEED
+from pipeline.report.ledger import counts, leads
 
 MAX_FINDINGS = 5
 

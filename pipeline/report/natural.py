@@ -16,6 +16,7 @@ import math
 import pandas as pd
 
 from pipeline.report import stats
+from pipeline.report.figures import panel
 
 
 def _pooled(values: list[tuple[float, int]], level: float) -> dict:
@@ -123,8 +124,6 @@ def evidence_level(cell_tab: pd.DataFrame, floor: float, clearance: float = 0.10
     """A line for the natural-image tables when a ViT-family cell sits within ``clearance`` of the task's best
     shortcut floor: there the CPU default's natural level is a smoke test of the pipeline, not evidence about
     the architectures (empty when every one clears it, or nothing ran)."""
-    from pipeline.report.figures import panel
-
     if cell_tab.empty or floor != floor:
         return ""
     sub = cell_tab[(cell_tab.task == task) & (cell_tab.data_seed == 0)]

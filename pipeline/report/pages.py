@@ -16,8 +16,21 @@ import pandas as pd
 
 from pipeline import io, repository
 from pipeline.archs import ARCHS
+from pipeline.grid import configured_cells
 from pipeline.report import aggregate as agg
-from pipeline.report import cells, collisions, learnability, ledger, markdown, natural, seeds, sources
+from pipeline.report import (
+    cells,
+    collisions,
+    contrasts,
+    learnability,
+    ledger,
+    markdown,
+    measure,
+    natural,
+    seeds,
+    sources,
+    stats,
+)
 from pipeline.report import figures as fig
 
 CELL_NOTE = ("Per cell: the mean over seeds of each seed's accuracy on the shared test items, with a {level:.0%} "
@@ -164,7 +177,7 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
         "per-slice accuracy": _table(out, "slices", "Test accuracy per evaluation slice (main grid)",
                                      f"{note}\n\n{floors}", slice_tab),
         "prediction ledger": _table(out, "ledger", "Prediction ledger", LEDGER_NOTE.format(
-            alpha=seeds.look_alpha(inp.params), looks=LOOKS if seeds.enabled(inp.params) else "one look",
+            alpha=stats.look_alpha(inp.params), looks=LOOKS if stats.second_look(inp.params) else "one look",
             margin=rp.equivalence_margin) + f"\n\n{floors}", led, markdown.ledger_view(led)),
         "seeds per row (sequential seeds)": _table(
             out, "seeds", "Seeds per ledger row: the first look, and the rows the plan continued",
@@ -210,7 +223,7 @@ def distillation_tables(inp: Inputs, out: Path, config: dict) -> dict[str, str]:
     """The distillation rows' arms (students, deit_labels, vit) in the main grid beside the teachers: accuracy
     in and out of distribution, each teacher's disagreement, and every agreement with a teacher."""
     rp, runs, d = inp.params.report, inp.runs, inp.params.distill
-    arms = sorted({c[arm] for c in ledger.CONTRASTS if c["id"].startswith("distill.") for arm in ("a", "b")})
+    arms = sorted({c[arm] for c in contrasts.CONTRASTS if c["id"].startswith("distill.") for arm in ("a", "b")})
     taught = sorted({t for teacher in d.teachers for t in d.teacher_tasks(teacher)})
     distilled = pd.concat([runs[runs.source == "teachers"], *(cells.select(runs, t, a, config) for a in arms
                                                               for t in taught)])
@@ -231,7 +244,7 @@ def distillation_tables(inp: Inputs, out: Path, config: dict) -> dict[str, str]:
 def learnability_table(inp: Inputs, config: dict) -> pd.DataFrame:
     """The learnability table at the main configuration, gated by the ledger's floors and learn fractions."""
     rp = inp.params.report
-    floor = {t: ledger.learning_floor(inp.floors, t) for t in sorted(set(inp.runs.task))}
+    floor = {t: measure.learning_floor(inp.floors, t) for t in sorted(set(inp.runs.task))}
     return learnability.learnability_table(inp.runs, config, inp.floors, floor,
                                            learnability.criterion_accuracy(inp.params),
                                            lambda task: learnability.learn_fraction(rp, task), rp.confidence)
@@ -365,7 +378,7 @@ def plot_tables(inp: Inputs, out: Path, curves: dict[str, pd.DataFrame], size_ta
     """The CSVs behind dvc.yaml's `plots:`: one column per architecture of the table and per configured one
     (empty where not run: DVC draws a plot with an empty column, but none at all when a listed column is missing,
     and every profile shares dvc.yaml's lists), and the data-size points in long form (see :func:`size_points`)."""
-    archs = list(dict.fromkeys([*ARCHS, *ledger.configured_cells(inp.params)]))
+    archs = list(dict.fromkeys([*ARCHS, *configured_cells(inp.params)]))
     for name, curve in curves.items():
         io.write_with(out / "tables" / f"plot_{name}.csv",
                       lambda f, c=curve: agg.wide(c, "x", archs).to_csv(f, index=False, float_format="%.6g"))

@@ -25,16 +25,9 @@ import math
 
 import pandas as pd
 
-
-def enabled(params) -> bool:
-    """A second look exists when ``plan.max_seeds`` exceeds the first look's seed count."""
-    return params.plan.max_seeds > len(params.train.seeds)
-
-
-def look_alpha(params) -> float:
-    """The level of each look's Holm family: half of ``1 - report.confidence`` with a second look, else all."""
-    alpha = 1 - params.report.confidence
-    return alpha / 2 if enabled(params) else alpha
+from pipeline.report.cells import main_config, select
+from pipeline.report.gate import UNREACHED, gate
+from pipeline.report.stats import look_alpha, second_look
 
 
 def extra_seeds(params, n: int) -> list[int]:
@@ -52,8 +45,6 @@ def split_arms(r: dict, tol: float) -> list[str]:
     learn threshold, some below); [] when anything else keeps it there (an arm no seed of which learned, both
     at the ceiling or at chance, a speed row's seed that never reached the criterion, which more seeds cannot
     undo). ``r``: a ledger row with ``learned_a``/``learned_b`` (seeds that learned)."""
-    from pipeline.report.ledger import UNREACHED, gate
-
     if UNREACHED in str(r.get("reason", "")):
         return []
     nan = math.nan
@@ -68,8 +59,7 @@ def split_arms(r: dict, tol: float) -> list[str]:
 def seed_prices(runs: pd.DataFrame) -> dict[tuple[str, str], float]:
     """{(task, arch): what one more seed of the cell costs, in thousands of ViT-step equivalents}: the mean steps its
     first-look main-grid seeds took, times its model's relative step cost (``pipeline.experiment.STEP_COST``)."""
-    from pipeline.experiment import STEP_COST
-    from pipeline.report.cells import main_config, select
+    from pipeline.experiment import STEP_COST  # the training stack: seconds of import the plan rarely needs
 
     config, out = main_config(runs), {}
     for (task, arch), _ in runs[runs.source == "runs"].groupby(["task", "arch"]):
@@ -132,7 +122,7 @@ def make_plan(ledger: pd.DataFrame, params, prices: dict[tuple[str, str], float]
         needed = None if pd.isna(r.get("seeds_needed")) else int(r["seeds_needed"])
         entry = {"id": r["id"], "task": r["task"], "a": r["a"], "b": r["b"], "look1": r["verdict"],
                  "seeds_needed": needed, "continued": False, "seeds": first}
-        split = split_arms(r, tol) if r["verdict"] == "uninformative" and enabled(params) else []
+        split = split_arms(r, tol) if r["verdict"] == "uninformative" and second_look(params) else []
         if split:
             needed = min(cap, max(params.report.min_seeds_bimodal, int(r["seeds"]) + 1))
             arms = ", ".join(f"{r[x]} learned in {int(r[f'learned_{x}'])} of {int(r['seeds'])} seeds"
@@ -142,7 +132,7 @@ def make_plan(ledger: pd.DataFrame, params, prices: dict[tuple[str, str], float]
         elif r["verdict"] != "underpowered":
             why = (f"uninformative at look 1: {r['reason']}" if r["verdict"] == "uninformative"
                    else f"{r['verdict']} at look 1" if r["verdict"] != "not run" else "not run")
-        elif not enabled(params):
+        elif not second_look(params):
             why = f"no second look (plan.max_seeds {cap} <= {len(first)} first-look seeds)"
         elif needed is None:
             why = f"needs more than report.max_seeds ({params.report.max_seeds}) seeds"
@@ -161,7 +151,7 @@ def make_plan(ledger: pd.DataFrame, params, prices: dict[tuple[str, str], float]
         for arch in _arms(r) if entry["continued"] else ():
             have = cells.setdefault((r["task"], arch), [])
             cells[(r["task"], arch)] = sorted(set(have) | set(entry["seeds"]) - set(first))
-    return {"enabled": enabled(params), "alpha_per_look": look_alpha(params), "first_seeds": first,
+    return {"enabled": second_look(params), "alpha_per_look": look_alpha(params), "first_seeds": first,
             "max_seeds": cap, "budget": params.plan.budget, "spent_kvit": round(spent, 3), "rows": rows,
             "cells": [{"task": t, "arch": a, "seeds": s} for (t, a), s in sorted(cells.items())]}
 

@@ -18,8 +18,10 @@ import numpy as np
 import pandas as pd
 
 from pipeline.errors import StageError
+from pipeline.grid import configured_cells
 from pipeline.io import Shape
 from pipeline.io import read_json as read_checked
+from pipeline.models import build_model
 from pipeline.schemas import RUN_METRICS, SHORTCUT_FLOORS, TEACHER_PROVENANCE
 
 
@@ -78,8 +80,6 @@ def read_predictions(folder: str | Path) -> tuple[np.ndarray, np.ndarray] | None
 def read_model(folder: str | Path, model: str, params, num_classes: int):
     """The trained ``model`` whose final weights a run folder kept (``weights.pt``), or None if it kept none."""
     import torch
-
-    from pipeline.models import build_model
 
     path = Path(folder) / "weights.pt"
     if not path.exists():
@@ -155,8 +155,6 @@ def teacher_disagreement(teachers_dir: Path | None, word: str = "disagree") -> d
 def configured(m: dict, params) -> bool:
     """Is this run part of the grid params.yaml configures now? (Run folders persist across DVC reruns, so a
     task or architecture removed from the params would otherwise linger in the report.)"""
-    from pipeline.report.ledger import configured_cells
-
     if m["source"] == "teachers":
         return m["arch"] in dict(params.distill.teachers) and m["task"] in params.distill.teacher_tasks(m["arch"])
     return m["arch"] in configured_cells(params)  # the train stage prunes runs its grid no longer has

@@ -199,3 +199,21 @@ def seeds_for_tost(estimate: float, margin: float, sd: float, alpha: float, powe
     gap = margin - abs(estimate)
     each = 1 - (1 - power) / 2 if abs(estimate) < 1e-12 else power
     return seeds_for_power(gap, sd, alpha, each, cap)
+
+
+def seed_accuracy(per_seed, level: float) -> dict:
+    """Mean accuracy over seeds with its seed-level t interval (clipped to [0, 1]); NaN interval for one seed."""
+    b = seed_interval(per_seed, level, bounds=(0.0, 1.0))
+    return {"mean": b["estimate"], "ci_lo": b["ci_lo"], "ci_hi": b["ci_hi"]}
+
+
+# ---------------------------------------------------------------- the levels of the sequential looks (plan stage)
+def second_look(params) -> bool:
+    """A second look exists when ``plan.max_seeds`` exceeds the first look's seed count."""
+    return params.plan.max_seeds > len(params.train.seeds)
+
+
+def look_alpha(params) -> float:
+    """The level of each look's Holm family: half of ``1 - report.confidence`` with a second look, else all."""
+    alpha = 1 - params.report.confidence
+    return alpha / 2 if second_look(params) else alpha

@@ -12,8 +12,12 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from pipeline import budget
 from pipeline.archs import ARCHS
 from pipeline.errors import StageError
+from pipeline.families.swin import block_layout
+from pipeline.io import write_text, write_with
+from pipeline.models import build_model
 from pipeline.stages.common import parse_stage, stage_main
 
 
@@ -26,10 +30,6 @@ def parser() -> argparse.ArgumentParser:
 @stage_main
 def main(argv: list[str] | None = None) -> None:
     args, params = parse_stage(parser(), argv)
-    from pipeline import budget
-    from pipeline.families.swin import block_layout
-    from pipeline.io import write_text, write_with
-    from pipeline.models import build_model
 
     torch.set_num_threads(1)
     # the solve time is the machine's, not the architecture's: a committed output reproduces byte for byte without it

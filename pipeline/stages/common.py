@@ -13,13 +13,14 @@ import sys
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+import yaml
+
+from pipeline.config import Params, load_params
 from pipeline.errors import ConfigError, StageError, Terminated
-
-if TYPE_CHECKING:
-    from pipeline.config import Params
-
+from pipeline.executor import worker_pool
+from pipeline.grid import Folders
+from pipeline.pruning import prune
 
 # An output that cannot be written is a user's problem (read-only folder, full disk, size limit), not a bug.
 UNWRITABLE = {errno.EROFS, errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
@@ -86,8 +87,6 @@ def _run(fn: Callable[[list[str] | None], None], argv: list[str] | None) -> int:
 def stage_names(root: Path) -> list[str]:
     """Every stage of ``<root>/dvc.yaml`` in file order, ``matrix``/``foreach`` entries expanded from the values
     in ``params.yaml`` and named as DVC names them (``data@scale``)."""
-    import yaml
-
     spec = yaml.safe_load((root / "dvc.yaml").read_text())
     params = yaml.safe_load((root / "params.yaml").read_text())
     names = []
@@ -105,8 +104,6 @@ def stage_names(root: Path) -> list[str]:
 def announce_stage() -> None:
     """Under ``dvc repro`` (DVC sets DVC_STAGE and DVC_ROOT): one line saying which stage of how many this is,
     so a long repro's console shows where it stands. A progress line never fails a stage."""
-    import yaml
-
     name, root = os.environ.get("DVC_STAGE"), os.environ.get("DVC_ROOT")
     if not name or not root:
         return
@@ -138,8 +135,6 @@ def training_parser(doc: str | None, students: bool = True) -> argparse.Argument
 
 def run_folders(args: argparse.Namespace):
     """The :class:`pipeline.grid.Folders` of a training stage's parsed arguments."""
-    from pipeline.grid import Folders
-
     return Folders(args.data, args.slices, args.out, args.ckpt, getattr(args, "teachers", None))
 
 
@@ -171,14 +166,12 @@ def run_training(stage: str, specs: list, params: Params, args: argparse.Namespa
 
     The workers start first and import the training stack while this process imports its own, checks the
     inputs and opens the stage's parent MLflow run (each run's own opens when its worker starts it,
-    :class:`pipeline.experiment.LiveRuns`); Lightning is imported only where a run fits (a worker, or this process
+    :class:`pipeline.live_runs.LiveRuns`); Lightning is imported only where a run fits (a worker, or this process
     without workers)."""
-    from pipeline.executor import worker_pool
-
     rt = params.train.runtime
     check_launch(rt)
     with worker_pool(rt.workers if len(specs) > 1 else 1, rt.scheduler, WORKER_IMPORTS) as pool:
-        from pipeline.experiment import execute, prune
+        from pipeline.experiment import execute  # after the pool started: the workers import meanwhile
 
         results = execute(specs, params, stage, args.ckpt, pool, name)
     prune(args.out, [*keep, *(s.out_dir for s in specs)])  # after success: a failed stage changes nothing
@@ -203,8 +196,6 @@ def parse_stage(parser: argparse.ArgumentParser, argv: list[str] | None,
     ``{"task": "tasks.names"}`` or ``{"arch": "train.archs"}`` (a list or a mapping's keys). A name that is
     not there is the same one-line :class:`ConfigError` as a bad value in ``params.yaml``.
     """
-    from pipeline.config import load_params
-
     parser.add_argument("--params", default="params.yaml", help="params file (validated before any work)")
     args = parser.parse_args(argv)
     params = load_params(args.params)

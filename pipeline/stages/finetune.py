@@ -12,6 +12,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from pipeline import finetune
+from pipeline.executor import map_runs
+from pipeline.grid import Folders
+from pipeline.io import read_json, write_json, write_text
+from pipeline.pruning import prune
+from pipeline.schemas import RUN_METRICS
 from pipeline.stages.common import parse_stage, stage_main
 
 
@@ -28,13 +34,6 @@ def parser() -> argparse.ArgumentParser:
 @stage_main
 def main(argv: list[str] | None = None) -> None:
     args, params = parse_stage(parser(), argv)
-    from pipeline import finetune
-    from pipeline.executor import map_runs
-    from pipeline.experiment import prune
-    from pipeline.grid import Folders
-    from pipeline.io import read_json, write_json, write_text
-    from pipeline.schemas import RUN_METRICS
-
     jobs = finetune.jobs(params, Folders(args.data, args.slices, args.runs, args.runs), args.out)
     done = {j.out_dir: rec for j in jobs if (rec := finetune.finished(j)) is not None}
     todo = [j for j in jobs if j.out_dir not in done]

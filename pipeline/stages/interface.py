@@ -10,6 +10,7 @@ import argparse
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 from pipeline import io
@@ -45,8 +46,6 @@ def main(argv: list[str] | None = None) -> None:
     res = study.run_all(params, models)
     key = study.key_numbers(res)
     counts = summary(res.checks)
-
-    import pandas as pd  # after torch: keeps the import order of the heavy libraries fixed
 
     io.write_with(out / "checks.csv", lambda p: pd.DataFrame([c.row() for c in res.checks]).to_csv(p, index=False))
     for name, table in res.tables.items():

@@ -10,13 +10,13 @@ task's transfer set, compute), ``metrics.json`` and ``predictions.npz``.
 
 from __future__ import annotations
 
+from pipeline.grid import teacher_specs
 from pipeline.stages.common import parse_stage, run_folders, run_training, stage_main, training_parser
 
 
 @stage_main
 def main(argv: list[str] | None = None) -> None:
     args, params = parse_stage(training_parser(__doc__, students=False), argv)
-    from pipeline.grid import teacher_specs
 
     for m in run_training("teacher", teacher_specs(params, run_folders(args)), params, args):
         where = f" and {m['transfer']['disagreement']:.1%} of the transfer set" if "transfer" in m else ""

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.grid import train_specs
 from pipeline.stages.common import parse_stage, run_folders, run_training, stage_main, training_parser
+from pipeline.tune import read_choice
 
 
 @stage_main
@@ -22,8 +24,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tune", type=Path, help="data/tune/choice.json: each cell's learning rate (omitted: "
                         "train.recipe.lr everywhere)")
     args, params = parse_stage(parser, argv)
-    from pipeline.grid import train_specs
-    from pipeline.tune import read_choice
 
     specs = train_specs(params, run_folders(args), read_choice(args.tune, params) if args.tune else None)
     run_training("train", specs, params, args)

@@ -10,17 +10,16 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from pipeline.errors import StageError
+from pipeline.grid import RunKey, configured_cells, specs_for
 from pipeline.io import read_json
 from pipeline.schemas import SEED_PLAN
 from pipeline.stages.common import parse_stage, run_folders, run_training, stage_main, training_parser
+from pipeline.tune import read_choice
 
 
 def plan_specs(plan: dict, params, at, lrs: dict) -> list:
     """The RunSpecs of the plan's cells: main-grid keys at the extra seeds, students with their teachers."""
-    from pipeline.errors import StageError
-    from pipeline.grid import RunKey, specs_for
-    from pipeline.report.ledger import configured_cells
-
     t, r, students = params.train, params.train.recipe, params.distill.students
     conf, first = configured_cells(params), set(t.seeds)
     specs = []
@@ -41,7 +40,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tune", type=Path, required=True, help="data/tune/choice.json: each cell's learning rate")
     parser.add_argument("--plan", type=Path, required=True, help="data/plan/plan.json: the plan stage's output")
     args, params = parse_stage(parser, argv)
-    from pipeline.tune import read_choice
 
     specs = plan_specs(read_json(args.plan, SEED_PLAN), params, run_folders(args), read_choice(args.tune, params))
     run_training("train_more", specs, params, args)

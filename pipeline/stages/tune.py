@@ -11,6 +11,10 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from pipeline import tune
+from pipeline.grid import tune_specs
+from pipeline.io import write_json, write_text
+from pipeline.pruning import prune
 from pipeline.stages.common import parse_stage, run_folders, run_training, stage_main, training_parser
 
 
@@ -20,14 +24,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--choice", type=Path, required=True, help="data/tune/choice.json: each cell's lr")
     parser.add_argument("--report", type=Path, required=True, help="reports/tune: the trial table")
     args, params = parse_stage(parser, argv)
-    from pipeline import tune
-    from pipeline.grid import tune_specs
-    from pipeline.io import write_json, write_text
 
     specs = tune_specs(params, run_folders(args))
     if not specs:  # trials of an earlier configuration are stale outputs now
-        from pipeline.experiment import prune
-
         prune(args.out, [])
     metrics, every = [], tuple(s.out_dir for s in specs)  # no round prunes another round's trials
     for i, lr in enumerate(params.tune.lrs if specs else [], 1):  # rounds in the listed order, each racing the last

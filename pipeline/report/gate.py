@@ -1,0 +1,55 @@
+"""The gate of a ledger row: why its arms cannot be compared yet (an arm that did not learn, both at the ceiling or
+at chance, a seed that never reached the criterion), so the row is "uninformative" instead of decided (the ledger)
+and a second look knows which rows more seeds could open (the plan)."""
+
+from __future__ import annotations
+
+# Compared slices on which learning the task is itself the question (no held-out factor values).
+LEARNING_SUBSETS = ("test", "slice/id")
+
+
+# The subset of a row that compares how soon its arms learned, not how well: per seed the share of the step cap
+# a run left unused when it reached ``train.criterion`` (1 - criterion step / cap; higher = sooner), so a pair
+# at the accuracy ceiling still has a question (:func:`pipeline.report.measure.measure_speed`).
+SPEED = "criterion/speed"
+UNREACHED = "did not reach train.criterion"  # a speed row's gate reason: a seed with no time to criterion
+
+
+def gate(row: dict, m: dict, tol: float) -> str:
+    """Why a paired row cannot be decided ("" when it can); stated in docs/design.md §4 (Learnability):
+
+    - compared out of distribution (an unseen factor value, or a slice an arm cannot reach): both arms must have
+      learned on the row's ``learned_on`` slice (default in distribution), so generalisation is compared at
+      matched learning, never a chance-level arm against a below-chance one;
+    - compared in distribution, where learning is the question: a "+" row needs at least one arm that learned
+      (the one that learned winning or losing is the finding), an "= 0" row needs both (two arms that did not
+      learn are not equivalent, only equally stuck);
+    - on the compared slice, never both at the ceiling or both at (or below) chance (accuracy only: an agreement
+      row's low agreement with a wrong teacher is a student being right).
+
+    Exact rows are not gated, nor floor rows (a floor prediction is about not learning) except one that names a
+    ``learned_on`` slice: "at the floor where the arm cannot reach" says something only if the arm learned where
+    it can (a model at chance everywhere sits at the floor across windows too, for another reason). A budget row
+    (one arch, two budgets) needs no learned arm (learning under the longer budget is its question)."""
+    if row["kind"] == "floor" and row.get("learned_on") and m.get("seeds") and not m["in_a"] >= m["learn_at"]:
+        return f"{row['a']} did not learn: {row['learned_on']} {m['in_a']:.3f} (needs >= {m['learn_at']:.3f})"
+    if row["kind"] != "paired" or not m.get("seeds"):
+        return ""
+    reasons = list(m.get("unreached", ()))
+    if row["finding"] != "budget":
+        where = row.get("learned_on") or "in-distribution"
+        missed = [f"{arm} did not learn: {where} {acc:.3f} (needs >= {m['learn_at']:.3f})"
+                  for arm, acc in ((row["a"], m["in_a"]), (row["b"], m["in_b"])) if not acc >= m["learn_at"]]
+        learning_is_the_question = row["subset"] in LEARNING_SUBSETS and row["expect"] == "+"
+        if not learning_is_the_question or len(missed) == 2:
+            reasons += missed
+    a, b = m["acc_a"], m["acc_b"]
+    if row["subset"] == SPEED:  # speeds, not accuracies: no ceiling or chance on this scale
+        pass
+    elif a >= 1 - tol and b >= 1 - tol:
+        reasons.append(f"both at ceiling on {row['subset']}: {a:.3f} and {b:.3f}")
+    elif a <= m["chance"] + tol and b <= m["chance"] + tol and not row["subset"].startswith("agree/"):
+        # a budget pair at chance under both budgets too. Not an agreement row: agreeing with a teacher where it is
+        # wrong less often than a random guess means being right there, which is learning, not its absence
+        reasons.append(f"both at chance on {row['subset']}: {a:.3f} and {b:.3f} (chance {m['chance']:.3f})")
+    return "; ".join(reasons)
