@@ -31,7 +31,7 @@ from pipeline.errors import StageError
 from pipeline.evaluation import evaluate, evaluate_factors
 from pipeline.executor import RunFailed, map_runs
 from pipeline.grid import RunSpec, training_views
-from pipeline.io import exclusive, read_json, write_json, write_with
+from pipeline.io import exclusive, index_sha256, read_json, write_json, write_with
 from pipeline.live_runs import LIVE, STARTED, LiveRuns, Opening
 from pipeline.models import build_model
 from pipeline.predict import predict, to_tensor
@@ -40,7 +40,6 @@ from pipeline.provenance import (
     WEIGHTS,
     code_sha256,
     data_provenance,
-    index_sha256,
     load_teacher,
     params_sha256,
     read_teacher,

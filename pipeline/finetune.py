@@ -10,7 +10,7 @@ rebuilt from its ``weights.pt``, mapped to ``finetune.size`` by the position con
 weight decay, label smoothing, gradient clip and the task's views), and scored again. A family whose token
 mixing is tied to the training grid (MLP-Mixer) has no mapping and is listed as skipped.
 
-:func:`fine_tune` is one run (a worker's job, deterministic); :func:`table` and :func:`markdown` are pure.
+:func:`fine_tune` is one run (a worker's job, deterministic); the stage's page is :mod:`pipeline.report.finetune`.
 """
 
 from __future__ import annotations
@@ -21,18 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from pipeline.config import Params
 from pipeline.errors import ConfigError, StageError
 from pipeline.grid import Folders, RunSpec, at_main_budget, specs_for, train_keys, training_views
 from pipeline.io import read_json, sha256_file
 from pipeline.predict import predict
-from pipeline.report.sources import read_model
-from pipeline.report.stats import seed_interval
 from pipeline.resolution import at_resolution, native_for, position_kind, resize_images
 from pipeline.schemas import FINETUNE_RESULT
 from pipeline.split import Split, load_split, training_indices
+from pipeline.trained import read_model
 
 RESULT = "metrics.json"
 
@@ -138,60 +136,3 @@ def fine_tune(job: Job) -> dict:
     return {**base, "eval_only_acc": eval_only, "finetuned_acc": tuned, "n": int(len(test)),
             "val_acc": float(val) if val is not None else None, "views": {"crop_pad": pad, **(
                 {"flip": views["flip"]} if "flip" in views else {})}}
-
-
-# --------------------------------------------------------------------------- tables (pure)
-def table(results: list[dict], trained_acc: dict[str, float], level: float) -> pd.DataFrame:
-    """Per (task, arch): seeds, position code, test accuracy at the training size (``trained_acc``: run name ->
-    its recorded test accuracy), evaluation only at ``size`` and after fine-tuning there, with Student-t
-    intervals over seeds, and the fine-tuning gain over evaluation only."""
-    cols = ["task", "arch", "position", "seeds", "size", "trained", "trained_lo", "trained_hi", "eval_only",
-            "eval_only_lo", "eval_only_hi", "finetuned", "finetuned_lo", "finetuned_hi", "gain", "gain_lo",
-            "gain_hi", "skipped"]
-    rows = []
-    frame = pd.DataFrame(results)
-    if frame.empty:
-        return pd.DataFrame(columns=cols)
-    for (task, arch), g in frame.groupby(["task", "arch"], sort=True):
-        row = {"task": task, "arch": arch, "position": g.position.iloc[0], "seeds": len(g), "size": g["size"].iloc[0]}
-        if "skipped" in g and g.skipped.notna().all():
-            rows.append({**row, "skipped": g.skipped.iloc[0]})
-            continue
-        per_seed = {"trained": g.run.map(trained_acc).to_numpy(float), "eval_only": g.eval_only_acc.to_numpy(float),
-                    "finetuned": g.finetuned_acc.to_numpy(float)}
-        per_seed["gain"] = per_seed["finetuned"] - per_seed["eval_only"]
-        for name, values in per_seed.items():  # accuracies stay in [0, 1], the gain (a difference) in [-1, 1]
-            b = seed_interval(values, level, bounds=(-1.0, 1.0) if name == "gain" else (0.0, 1.0))
-            row |= {name: b["estimate"], f"{name}_lo": b["ci_lo"], f"{name}_hi": b["ci_hi"]}
-        rows.append(row)
-    return pd.DataFrame(rows, columns=cols)
-
-
-def markdown(tab: pd.DataFrame, params: Params) -> str:
-    """The stage's page: what was done, then one row per (task, arch)."""
-    ft, level = params.finetune, params.report.confidence
-    head = "# Fine-tuning at another resolution\n\n"
-    if not ft.tasks:
-        return head + ("Off in this profile (`finetune.tasks` is empty). `params-natural.yaml` trains CIFAR-10 at "
-                       "32 px and fine-tunes at 48 px; any task can be listed.\n")
-
-    def cell(r, name: str) -> str:
-        if pd.isna(r[name]):
-            return "-"
-        ci = "" if pd.isna(r[f"{name}_lo"]) else f" [{r[f'{name}_lo']:.3f}, {r[f'{name}_hi']:.3f}]"
-        return f"{r[name]:+.3f}{ci}" if name == "gain" else f"{r[name]:.3f}{ci}"
-
-    view = pd.DataFrame([{"task": r.task, "arch": r.arch, "position": r.position, "seeds": r.seeds,
-                          f"test acc at {params.geometry.image_size} px": cell(r, "trained"),
-                          f"at {ft.size} px, evaluated only": cell(r, "eval_only"),
-                          f"at {ft.size} px, fine-tuned": cell(r, "finetuned"),
-                          "gain from fine-tuning": cell(r, "gain") if pd.isna(r.skipped) else f"skipped: {r.skipped}"}
-                         for _, r in tab.iterrows()])
-    text = (f"Every main-grid run of {', '.join(ft.tasks)} (trained at {params.geometry.image_size} px) mapped to "
-            f"{ft.size} px by the position contract (`pipeline/resolution.py`), scored on the test split resized "
-            f"to {ft.size} px ({params.evaluation.resolution.image_resize}), then fine-tuned {ft.steps} steps there "
-            f"on its own training images (batch {ft.batch_size}, AdamW lr {ft.lr:g} after {ft.warmup_steps} "
-            f"warm-up steps, cosine to 0; the recipe's weight decay, label smoothing and gradient clip; the task's "
-            f"views, if any, scaled to the size) and scored again. Seed means with {level:.0%} Student-t "
-            "intervals over seeds; the gain is fine-tuned minus evaluated only, per seed.\n\n")
-    return head + text + (view.to_markdown(index=False, disable_numparse=True) if not view.empty else "_no run_") + "\n"

@@ -125,6 +125,11 @@ def sha256_bytes(*arrays: bytes) -> str:
     return h.hexdigest()
 
 
+def index_sha256(idx: np.ndarray) -> str:
+    """The slice stage's hash of an index array (``manifest.json`` ``arrays.<name>.sha256``)."""
+    return sha256_bytes(np.ascontiguousarray(idx, dtype=np.int64).tobytes())
+
+
 class Unit(float):
     """In a :data:`Shape`: a finite number in [0, 1] (an accuracy, a rate), not just any number."""
 

@@ -21,7 +21,7 @@ from pipeline.archs import ARCHS
 from pipeline.errors import StageError
 from pipeline.families import source
 from pipeline.grid import at_main_budget, training_views
-from pipeline.io import read_json, sha256_bytes, sha256_file
+from pipeline.io import index_sha256, read_json, sha256_file
 from pipeline.models import build_model
 from pipeline.schemas import TEACHER_PROVENANCE
 
@@ -152,11 +152,6 @@ def run_params(params, spec) -> dict:
 
 def params_sha256(read: dict) -> str:
     return hashlib.sha256(json.dumps(read, sort_keys=True).encode()).hexdigest()
-
-
-def index_sha256(idx: np.ndarray) -> str:
-    """The slice stage's hash of an index array (``manifest.json`` ``arrays.<name>.sha256``)."""
-    return sha256_bytes(np.ascontiguousarray(idx, dtype=np.int64).tobytes())
 
 
 def pool_sha256(manifest: dict) -> str:

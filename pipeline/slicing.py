@@ -24,7 +24,7 @@ import pandas as pd
 
 from pipeline.config import Slicing
 from pipeline.errors import ConfigError, StageError
-from pipeline.io import sha256_bytes
+from pipeline.io import index_sha256
 from pipeline.tasks.common import ROLE_EVAL, ROLE_FIT, ROLE_TRANSFER
 
 
@@ -182,7 +182,7 @@ def manifest(arrays: dict[str, np.ndarray], labels: np.ndarray, factors: pd.Data
         out["arrays"][name] = {
             "size": len(idx),
             "class_counts": dict(zip(class_names, counts.tolist(), strict=True)),
-            "sha256": sha256_bytes(np.ascontiguousarray(idx, dtype=np.int64).tobytes()),
+            "sha256": index_sha256(idx),
         }
     out["factor_ranges"] = {name: factor_ranges(factors.iloc[arrays[name]]) for name in (largest, "val", "test")}
     return out

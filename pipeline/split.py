@@ -16,8 +16,7 @@ import numpy as np
 from pipeline.config import Params
 from pipeline.errors import StageError
 from pipeline.grid import RunSpec
-from pipeline.io import read_json, sha256_bytes
-from pipeline.provenance import index_sha256
+from pipeline.io import index_sha256, read_json, sha256_bytes
 from pipeline.schemas import SLICE_MANIFEST, TASK_META
 
 

@@ -16,6 +16,7 @@ from pipeline.config import Params, load_params
 from pipeline.errors import ConfigError
 from pipeline.grid import Folders
 from pipeline.models import build_model
+from pipeline.report import finetune as page
 from pipeline.stages import finetune as stage
 
 
@@ -82,14 +83,14 @@ def test_table_pairs_seeds_and_marks_skipped_families():
              "eval_only_acc": e, "finetuned_acc": f} for s, e, f in ((0, 0.50, 0.70), (1, 0.52, 0.74))]
     rows.append({"task": "natural", "arch": "mixer", "position": "grid", "size": 48, "run": "train/mixer/s0",
                  "skipped": "a fixed token grid"})
-    tab = finetune.table(rows, {"train/vit/s0": 0.8, "train/vit/s1": 0.82}, 0.95).set_index("arch")
+    tab = page.table(rows, {"train/vit/s0": 0.8, "train/vit/s1": 0.82}, 0.95).set_index("arch")
     assert tab.loc["vit", "seeds"] == 2 and tab.loc["vit", "gain"] == pytest.approx(0.21)
     assert tab.loc["vit", "trained"] == pytest.approx(0.81) and tab.loc["vit", "gain_lo"] < 0.21
     assert tab.loc["mixer", "skipped"] == "a fixed token grid"
     worse = [{**r, "finetuned_acc": r["eval_only_acc"] - 0.01 * (i + 1)} for i, r in enumerate(rows[:2])]
-    worse = finetune.table(worse, {}, 0.95).set_index("arch")
+    worse = page.table(worse, {}, 0.95).set_index("arch")
     assert worse.loc["vit", "gain"] == pytest.approx(-0.015) and worse.loc["vit", "gain_lo"] < -0.015 < 0  # not clipped
-    assert finetune.table([], {}, 0.95).empty
+    assert page.table([], {}, 0.95).empty
 
 
 def test_finetune_settings_are_checked_by_name():

@@ -32,6 +32,7 @@ from pipeline.report import (
     stats,
 )
 from pipeline.report import figures as fig
+from pipeline.trained import read_model
 
 CELL_NOTE = ("Per cell: the mean over seeds of each seed's accuracy on the shared test items, with a {level:.0%} "
              "Student-t interval over seeds (the seed is the unit of replication; one seed: no interval); "
@@ -123,7 +124,7 @@ def trained_collisions(params, runs: pd.DataFrame, pools: dict, tasks_dir: Path 
         if (images := sources.read_images(tasks_dir, task, index)) is None:
             continue
         for seed in seeds:
-            models = [sources.read_model(r.dir, r.model, params, int(r.num_classes))
+            models = [read_model(r.dir, r.model, params, int(r.num_classes))
                       for r in (a.loc[seed], b.loc[seed])]
             if any(m is None for m in models):
                 continue

@@ -21,7 +21,6 @@ from pipeline.errors import StageError
 from pipeline.grid import configured_cells
 from pipeline.io import Shape
 from pipeline.io import read_json as read_checked
-from pipeline.models import build_model
 from pipeline.schemas import RUN_METRICS, SHORTCUT_FLOORS, TEACHER_PROVENANCE
 
 
@@ -75,21 +74,6 @@ def read_predictions(folder: str | Path) -> tuple[np.ndarray, np.ndarray] | None
             return z["index"], z["logits"]
     except (ValueError, OSError, KeyError) as err:
         raise StageError(f"{path}: unreadable predictions ({type(err).__name__}: {err})") from None
-
-
-def read_model(folder: str | Path, model: str, params, num_classes: int):
-    """The trained ``model`` whose final weights a run folder kept (``weights.pt``), or None if it kept none."""
-    import torch
-
-    path = Path(folder) / "weights.pt"
-    if not path.exists():
-        return None
-    net = build_model(model, params, num_classes)
-    try:
-        net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
-    except Exception as err:  # any unreadable or mismatched file: one line naming it
-        raise StageError(f"{path}: not a {model} checkpoint ({type(err).__name__})") from None
-    return net.eval()
 
 
 def read_images(tasks_dir: Path | None, task: str, index: np.ndarray) -> np.ndarray | None:

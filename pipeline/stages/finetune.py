@@ -1,6 +1,6 @@
 """DVC stage ``finetune``: the main grid's runs of ``finetune.tasks`` fine-tuned at ``finetune.size``.
 
-The science is in :mod:`pipeline.finetune`.
+The science is in :mod:`pipeline.finetune`, the page in :mod:`pipeline.report.finetune`.
 
 Outputs: ``<out>/<arch>/<run folder>/metrics.json`` per run (evaluation only and fine-tuned accuracy at the size;
 a finished one with the same weights and settings is kept, so an interrupted stage resumes at the next run) and
@@ -17,6 +17,7 @@ from pipeline.executor import map_runs
 from pipeline.grid import Folders
 from pipeline.io import read_json, write_json, write_text
 from pipeline.pruning import prune
+from pipeline.report import finetune as page
 from pipeline.schemas import RUN_METRICS
 from pipeline.stages.common import parse_stage, stage_main
 
@@ -47,9 +48,9 @@ def main(argv: list[str] | None = None) -> None:
     prune(args.out, [j.out_dir for j in jobs])  # results of runs no longer configured
     args.out.mkdir(parents=True, exist_ok=True)
     trained = {j.spec.name: read_json(j.spec.out_dir / "metrics.json", RUN_METRICS)["test_acc"] for j in jobs}
-    tab = finetune.table([done[j.out_dir] for j in jobs], trained, params.report.confidence)
+    tab = page.table([done[j.out_dir] for j in jobs], trained, params.report.confidence)
     write_text(args.report / "finetune.csv", tab.to_csv(index=False))
-    write_text(args.report / "finetune.md", finetune.markdown(tab, params))
+    write_text(args.report / "finetune.md", page.markdown(tab, params))
 
 
 if __name__ == "__main__":
