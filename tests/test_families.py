@@ -11,7 +11,7 @@ import torch
 
 from pipeline import families
 from pipeline.archs import ARCHS, ArchInfo
-from pipeline.families import FAMILIES, family, family_of_model
+from pipeline.families import FAMILIES, family, family_of_model, resnet
 from pipeline.families.common import Family
 from pipeline.provenance import code_parts, code_sha256
 
@@ -67,8 +67,19 @@ def test_adding_an_architecture_changes_no_existing_run(monkeypatch):
     before = {arch: code_sha256([arch]) for arch in ARCHS}
     monkeypatch.setitem(ARCHS, "resnet_wide", ArchInfo("resnet", "resnet", "a new variant", "resnet", "ResNet",
                                                        {"downsample": "none"}))
+    monkeypatch.setitem(resnet.STEP_COST, "resnet_wide", 2.0)  # a variant is its row plus its two table entries
+    monkeypatch.setitem(resnet.PLOT_COLOUR, "resnet_wide", "#123456")
     families._check_table()
     assert {arch: code_sha256([arch]) for arch in before} == before
+
+
+@pytest.mark.parametrize("table", ["STEP_COST", "PLOT_COLOUR"])
+def test_a_variant_without_its_step_cost_or_colour_is_refused_naming_it(monkeypatch, table):
+    # A missing step cost once priced a run at vit's silently; now the family refuses it at import.
+    monkeypatch.setitem(ARCHS, "resnet_wide", ArchInfo("resnet", "resnet", "a new variant", "resnet", "ResNet"))
+    monkeypatch.setitem(getattr(resnet, "PLOT_COLOUR" if table == "STEP_COST" else "STEP_COST"), "resnet_wide", 0)
+    with pytest.raises(ImportError, match=f"pipeline.families.resnet: {table} has no entry for resnet_wide"):
+        families._check_table()
 
 
 def test_editing_one_family_module_changes_that_familys_runs_only(tmp_path):
