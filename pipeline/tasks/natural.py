@@ -27,12 +27,14 @@ import re
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import pandas as pd
+from pydantic import Field, field_validator
 
-from pipeline.config import Geometry, NaturalParams
 from pipeline.errors import StageError
+from pipeline.sections import Geometry, NonNegInt, Section
 from pipeline.tasks.common import ROLE_EVAL, ROLE_FIT, TaskData
 
 CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
@@ -42,6 +44,48 @@ NATIVE = "native_eval"  # data-stage file stem of the eval rows at SOURCE px (re
 
 _JPG = re.compile(r"(?:^|/)(train|test)/([a-z]+)/(\d+)\.jpe?g$")
 _BATCH = re.compile(r"(?:^|/)(data_batch_[1-5]|test_batch)$")
+
+
+class Augment(Section):
+    """Label-preserving training views (pipeline.learner.augment_views), drawn per (seed, step): the standard
+    CIFAR recipe of a random crop of the image padded with black, and a left-right mirror."""
+
+    crop_pad: NonNegInt  # px of black on each side before a random crop back to size (0: no crop)
+    flip: bool  # mirror left-right with probability 1/2
+
+    @property
+    def on(self) -> bool:
+        return bool(self.crop_pad or self.flip)
+
+
+class NaturalParams(Section):
+    """CIFAR-10 from an archive outside the repository (never committed), downloaded when none is found."""
+
+    # Candidate archives, tried in order, relative to the repository root (jpg tarball or python archive);
+    # when none exists the official archive is downloaded to the last one. A single string is one candidate.
+    path: Annotated[list[str], Field(min_length=1)]
+    url: str  # the official archive
+    md5: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")] = "c58f30108f718f92721af3b95e74349a"  # published
+    per_class_train: Annotated[int, Field(ge=1, le=5000)]  # first k per class of the official train
+    per_class_test: Annotated[int, Field(ge=1, le=1000)]  # ... and of the official test split
+    augment: Augment  # training views of every run on natural (a grid with augment: false turns them off)
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _one_path(cls, value: object) -> object:
+        return [value] if isinstance(value, str) else value
+
+    @property
+    def n(self) -> int:
+        """Pool size (CIFAR-10 has 10 classes)."""
+        return 10 * (self.per_class_train + self.per_class_test)
+
+
+def fits(params) -> list[tuple[bool, str, str]]:
+    """(bad, key, why): CIFAR's 32 px must map to the geometry by whole blocks or repetition."""
+    h = params.geometry.image_size
+    return [("natural" in params.tasks.names and 32 % h and h % 32, "geometry.image_size",
+             f"{h} is neither a divisor nor a multiple of CIFAR's 32 px")]
 
 
 def candidate_paths(cfg: NaturalParams) -> list[Path]:
