@@ -26,6 +26,8 @@ from pipeline import families
 from pipeline.config import Params
 from pipeline.errors import ConfigError, StageError
 from pipeline.families import family_of_model
+from pipeline.predict import predict
+from pipeline.tasks.natural import native_images
 
 # How each position kind maps to another image size: the families' own rows (pipeline/families/<name>.py).
 POSITION_CONTRACT: dict[str, str] = families.POSITION_CONTRACT
@@ -67,8 +69,6 @@ def native_for(task: str, task_dir: Path, index: np.ndarray, images: np.ndarray)
     for ``natural``; for a synthetic task its own ``images`` (generated at ``geometry.image_size``)."""
     if task != "natural":
         return images
-    from pipeline.tasks.natural import native_images
-
     return native_images(task_dir, index)
 
 
@@ -88,8 +88,6 @@ def resize_images(images: np.ndarray, size: int, method: str) -> np.ndarray:
 def evaluate_resolutions(model: nn.Module, arch: str, params: Params, images_native: np.ndarray,
                          labels: np.ndarray, sizes: list[int], batch_size: int = 1000) -> dict[int, dict]:
     """``{size: {acc, n}}``: ``model`` mapped to each size (:func:`at_resolution`) on the resized images."""
-    from pipeline.predict import predict
-
     method = params.evaluation.resolution.image_resize
     out = {}
     for size in sizes:

@@ -20,6 +20,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
+from pipeline.archs import ARCHS  # noqa: E402
 from pipeline.families import PLOT_COLOUR  # noqa: E402
 from pipeline.report import ledger  # noqa: E402
 
@@ -41,13 +42,8 @@ plt.rcParams.update({"font.size": FONT, "axes.titlesize": FONT, "axes.labelsize"
 
 
 def arch_order() -> list[str]:
-    """The one architecture list (pipeline.archs when present), students not in it appended."""
-    try:
-        from pipeline.archs import ARCHS
-        names = list(ARCHS)
-    except ImportError:
-        names = []
-    return names + [a for a in FALLBACK_ORDER if a not in names]
+    """The one architecture list (pipeline.archs), students not in it appended."""
+    return list(ARCHS) + [a for a in FALLBACK_ORDER if a not in ARCHS]
 
 
 def panel(arch: str) -> str:
@@ -55,13 +51,7 @@ def panel(arch: str) -> str:
     distillation question, not an architecture one) get their own; a name not listed there by its first part."""
     if arch.startswith("deit"):
         return "deit"
-    try:
-        from pipeline.archs import ARCHS
-        if arch in ARCHS:
-            return ARCHS[arch].family
-    except ImportError:
-        pass
-    return arch.split("_")[0]
+    return ARCHS[arch].family if arch in ARCHS else arch.split("_")[0]
 
 
 def colour(arch: str) -> str:
