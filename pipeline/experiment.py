@@ -30,6 +30,7 @@ from pipeline.config import Params
 from pipeline.errors import StageError
 from pipeline.evaluation import evaluate, evaluate_factors
 from pipeline.executor import RunFailed, map_runs
+from pipeline.families import STEP_COST
 from pipeline.grid import RunSpec, training_views
 from pipeline.io import exclusive, index_sha256, read_json, write_json, write_with
 from pipeline.live_runs import LIVE, STARTED, LiveRuns, Opening
@@ -429,18 +430,9 @@ def _prepare(specs: list[RunSpec], params: Params) -> tuple[list[Job], list[Open
     return jobs, openings, done
 
 
-# Relative cost of one optimizer step against vit's, evaluation included (a run's seconds per step in the study of
-# 492dbde, every run and trial; models within 10% of vit are 1.0): the pool starts the longest runs first, and the
-# plan prices a second-look seed with it (pipeline/report/seeds.py).
-STEP_COST = {"swin": 2.6, "swin_noshift": 2.6, "swin_local": 1.6, "swin_local_shift": 1.6,
-             "resnet": 2.0, "resnet_aa": 2.9, "resnet_s1": 6.6, "vit_hybrid": 1.6, "vit_convstem": 1.2,
-             "convmixer": 1.2, "deit": 1.4, "deit_labels": 1.3, "vit_sincos": 1.1, "vit_sincos_init": 1.1,
-             "nomix": 0.7}
-
-
 def run_cost(job: Job) -> float:
     steps = min(job.spec.key.steps, job.spec.race or job.spec.key.steps)  # a trial stops at its race step at most
-    return steps * STEP_COST.get(job.spec.model, 1.0)
+    return steps * STEP_COST[job.spec.model]  # the pool starts the longest runs first
 
 
 def execute(specs: list[RunSpec], params: Params, stage: str, ckpt_root: Path, pool=None,

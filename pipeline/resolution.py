@@ -1,12 +1,11 @@
 """Evaluate a trained model at another image size, same patch size: the position contract in one place.
 
 Changing the image size at a fixed patch size changes the token grid, so every position signal must be
-mapped to the new grid. :data:`POSITION_CONTRACT` states, per position kind, how; each family's adapter
-(:mod:`pipeline.families`) reads the kind off the module itself and does the mapping, so new variants (a
-sin-cos-initialised learned embedding, a conv stem, a model without token mixing) fall into the kind their
-position signal belongs to. The report
-prints the table beside the results; the interface stage checks it (exact at the training size, right
-shapes at the others).
+mapped to the new grid. :data:`POSITION_CONTRACT` states, per position kind, how (each family states its own
+rows); each family's adapter (:mod:`pipeline.families`) reads the kind off the module itself and does the
+mapping, so new variants (a sin-cos-initialised learned embedding, a conv stem, a model without token mixing)
+fall into the kind their position signal belongs to. The report prints the table beside the results; the
+interface stage checks it (exact at the training size, right shapes at the others).
 
 Images are resized from their native size (CIFAR-10: the archive's 32 px; a synthetic task: its generated
 size) by ``evaluation.resolution.image_resize``: ``area`` is torch's adaptive average pooling, rounded half
@@ -23,33 +22,24 @@ import numpy as np
 import torch
 from torch import nn
 
+from pipeline import families
 from pipeline.config import Params
 from pipeline.errors import ConfigError, StageError
 from pipeline.families import family_of_model
+from pipeline.predict import predict
+from pipeline.tasks.natural import native_images
 
-POSITION_CONTRACT: dict[str, str] = {
-    "learned": "learned absolute embedding (nn.Parameter): timm resample_abs_pos_embed over the patch grid with "
-               "evaluation.resolution.interpolation (antialiased when shrinking); class/distillation tokens' "
-               "entries kept as trained; unchanged at the training grid",
-    "sincos": "fixed 2D sin-cos table (buffer): recomputed by timm build_sincos2d_pos_embed for the new grid "
-              "(the trained table is first checked equal to that function at the training grid)",
-    "none": "no position embedding: nothing to map (only the patch grid grows or shrinks)",
-    "swin": "relative position bias inside windows: the window stays at its trained (as built) size w per "
-            "stage and the bias table is unchanged; blocks trained with a shift shift by w/2 wherever the stage "
-            "grid exceeds w, not where the window covers the grid (timm); a grid smaller than w gets one window "
-            "of the grid's size whose table is cropped to the offsets that exist (never resampled); a grid w "
-            "does not tile is zero-padded to whole windows by timm (the padding tokens are attended to)",
-    "conv": "convolutional, no position parameters: nothing to map (global average pool after the last stage)",
-    "grid": "token mixing weights tied to the N positions of the training grid (MLP-Mixer): no mapping to "
-            "another grid exists, so the family is evaluated at its training size only",
-}
+# How each position kind maps to another image size: the families' own rows (pipeline/families/<name>.py).
+POSITION_CONTRACT: dict[str, str] = families.POSITION_CONTRACT
 
 
 def position_kind(model: nn.Module) -> str:
     """The position kind of ``model`` (its :data:`POSITION_CONTRACT` row), read by its family off the module."""
-    kind = family_of_model(model).position(model)
-    if kind not in POSITION_CONTRACT:
-        raise StageError(f"{type(model).__name__}: position kind {kind!r} is not in the resolution contract")
+    fam = family_of_model(model)
+    kind = fam.position(model)
+    if kind not in fam.contract:
+        raise StageError(f"{type(model).__name__}: position kind {kind!r} is not in family {fam.name!r}'s "
+                         f"contract (it states {', '.join(fam.contract)})")
     return kind
 
 
@@ -79,8 +69,6 @@ def native_for(task: str, task_dir: Path, index: np.ndarray, images: np.ndarray)
     for ``natural``; for a synthetic task its own ``images`` (generated at ``geometry.image_size``)."""
     if task != "natural":
         return images
-    from pipeline.tasks.natural import native_images
-
     return native_images(task_dir, index)
 
 
@@ -100,8 +88,6 @@ def resize_images(images: np.ndarray, size: int, method: str) -> np.ndarray:
 def evaluate_resolutions(model: nn.Module, arch: str, params: Params, images_native: np.ndarray,
                          labels: np.ndarray, sizes: list[int], batch_size: int = 1000) -> dict[int, dict]:
     """``{size: {acc, n}}``: ``model`` mapped to each size (:func:`at_resolution`) on the resized images."""
-    from pipeline.predict import predict
-
     method = params.evaluation.resolution.image_resize
     out = {}
     for size in sizes:

@@ -21,6 +21,7 @@ from pipeline.budget import (
 )
 from pipeline.config import Geometry, Models, load_params, parse_params
 from pipeline.errors import ConfigError
+from pipeline.families import family
 from pipeline.grid import Folders, RunKey, specs_for
 from pipeline.models import build_model
 
@@ -128,12 +129,8 @@ def test_budget_stage_writes_tables_and_rejects_bad_params(tmp_path, capsys):
 
 
 def _expected_tokens(arch: str, params) -> int:
-    """What the first layer of each family sees, from the geometry alone (not from the built module)."""
-    g, family, swin = params.geometry, ARCHS[arch].family, params.models.swin
-    local = ARCHS[arch].options.get("local", False) and swin.local is not None  # the one-stage pair's own patch
-    patch = {"vit": g.patch_size, "mixer": g.patch_size, "convmixer": g.patch_size,
-             "swin": swin.local.patch_size if local else swin.patch_size, "resnet": 1}[family]
-    return (g.image_size // patch) ** 2
+    """What the first layer sees, by the family's own test rule from the geometry (not the built module)."""
+    return family(arch).expected_tokens(params, **ARCHS[arch].options)
 
 
 @pytest.fixture(scope="module")

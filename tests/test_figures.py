@@ -14,6 +14,7 @@ from matplotlib.collections import PolyCollection
 
 from pipeline import io, tracking
 from pipeline.archs import ARCHS
+from pipeline.report import dvc_plots
 from pipeline.report import figures as fig
 from pipeline.report.pages import size_points
 
@@ -94,6 +95,12 @@ def test_every_arch_has_its_own_colour_and_the_dvc_template_uses_them():
     template = json.loads((ROOT / ".dvc/plots/arch_lines.json").read_text())
     assert template["encoding"]["color"]["scale"] == fig.vega_colour_scale()
     assert template["encoding"]["y"]["scale"] == {"domain": [0, 1]}
+
+
+def test_the_dvc_plot_template_is_generated_from_the_families():
+    # A new family's PLOT_COLOUR reaches DVC's plots only through `python -m pipeline.report.dvc_plots`.
+    assert (ROOT / dvc_plots.PATH).read_text() == dvc_plots.arch_lines_text(), \
+        "regenerate it: python -m pipeline.report.dvc_plots"
 
 
 def test_cell_heat_map_writes_numbers_and_k_of_n():

@@ -77,8 +77,11 @@ def test_a_function_docstring_edit_moves_no_identity(copy):
 
 
 def _bump_first_number(text: str) -> str:
-    """A one-token behaviour change: the first integer literal of the module's code, plus one."""
-    node = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Constant) and type(n.value) is int)
+    """A one-token behaviour change: the first integer literal of the module's code (the constants out of identity
+    skipped), plus one."""
+    code = [s for s in ast.parse(text).body if not (isinstance(s, ast.Assign) and any(
+        isinstance(t, ast.Name) and t.id in OUT_OF_IDENTITY for t in s.targets))]
+    node = next(n for s in code for n in ast.walk(s) if isinstance(n, ast.Constant) and type(n.value) is int)
     lines = text.splitlines(keepends=True)
     line = lines[node.lineno - 1]
     lines[node.lineno - 1] = line[:node.col_offset] + str(node.value + 1) + line[node.end_col_offset:]

@@ -15,8 +15,10 @@ from timm.layers import Attention
 from timm.models.swin_transformer import SwinTransformer
 from timm.models.vision_transformer import Block, VisionTransformer
 
+from pipeline.archs import ARCHS
 from pipeline.config import parse_params
 from pipeline.errors import ConfigError
+from pipeline.families import family
 from pipeline.interface import nullspace, pairs, permutation, reachability
 from pipeline.interface.reachability import UNREACHABLE
 
@@ -214,7 +216,7 @@ TINY = tiny_repo.params_with(TINY)  # the repository's params.yaml with the tiny
 
 # --------------------------------------------------------------------------- position contract
 def _built(params) -> dict[str, torch.nn.Module]:
-    from pipeline.models import ARCHS, build_model
+    from pipeline.models import build_model
 
     out = {}
     for arch in ARCHS:
@@ -230,18 +232,20 @@ def test_position_contract_exact_at_training_size_and_shapes_elsewhere():
     params = parse_params(TINY)
     res = position_study(params, _built(params))
     table = res.tables["position_contract"].set_index("arch")
-    assert table.kind.to_dict() == {
-        "vit": "learned", "vit_nopos": "none", "vit_sincos": "sincos", "vit_sincos_init": "learned",
-        "vit_convstem": "learned", "vit_overlap": "learned", "deit": "learned", "deit_labels": "learned",
-        "swin": "swin", "swin_noshift": "swin", "swin_local": "swin", "swin_local_shift": "swin",
-        "resnet": "conv", "resnet_s1": "conv", "resnet_aa": "conv", "nomix": "none",
-        "vit_hybrid": "learned", "mixer": "grid", "convmixer": "conv"}
+    for arch, kind in table.kind.items():  # a family of one position kind states just that row
+        rows = family(arch).contract
+        assert kind in rows and (len(rows) > 1 or [kind] == list(rows)), (arch, kind)
+    # the ViT's kind follows its `position` option (DeiT: always its learned 1D table)
+    vits = [a for a in ARCHS if ARCHS[a].family == "vit"]
+    assert {a: table.kind[a] for a in vits} == {
+        a: {"none": "none", "sincos": "sincos"}.get(ARCHS[a].options.get("position"), "learned") for a in vits}
     assert set(table.contract) <= set(POSITION_CONTRACT.values())
     failed = [c for c in res.checks if not c.held]
     assert not failed, failed
     names = [c.name for c in res.checks]
     assert sum("training size" in n for n in names) == len(table)  # one exact-equality check per architecture
-    assert sum("at 20 px: logits per image" in n for n in names) == len(table) - (table.kind == "grid").sum()
+    fixed = sum(family(a).resize is None for a in table.index)  # a fixed token grid: its training size only
+    assert sum("at 20 px: logits per image" in n for n in names) == len(table) - fixed
     assert any("swin at 12 px: every offset keeps its trained bias" in n for n in names)
 
 

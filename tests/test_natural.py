@@ -16,11 +16,10 @@ import tiny_repo
 import yaml
 
 from bench.screenshots import serve_folder
-from pipeline.config import NaturalParams
 from pipeline.errors import StageError
 from pipeline.stages import generate as gen_stage
 from pipeline.tasks import natural
-from pipeline.tasks.natural import CLASSES
+from pipeline.tasks.natural import CLASSES, NaturalParams
 
 
 # --------------------------------------------------------------------------- archives

@@ -171,7 +171,7 @@ def test_a_budget_buys_the_cheapest_rows_first_and_prices_a_shared_cell_once():
 
 def test_seed_prices_are_counted_steps_times_the_models_relative_step_cost():
     """Main-grid seeds only (not an extra axis's), averaged per cell, in thousands of ViT steps."""
-    from pipeline.experiment import STEP_COST
+    from pipeline.families import STEP_COST
 
     base = {"source": "runs", "task": "alignment", "data_seed": 0, "train_size": 256, "steps": 3000,
             "budget_mode": "criterion"}

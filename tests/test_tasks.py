@@ -14,12 +14,12 @@ import tiny_repo
 import yaml
 from PIL import Image
 
-from pipeline.config import Geometry, NaturalParams, parse_params
+from pipeline.config import Geometry, parse_params
 from pipeline.errors import ConfigError, StageError
 from pipeline.stages import generate as gen_stage
 from pipeline.tasks import TASKS
 from pipeline.tasks.common import TaskData, image_to_cells
-from pipeline.tasks.natural import CLASSES, read_cifar10, resize
+from pipeline.tasks.natural import CLASSES, NaturalParams, read_cifar10, resize
 from pipeline.tasks.relation import PALETTE, near_pairs, window_factors
 
 SYNTHETIC = [name for name in TASKS if name != "natural"]  # every generated task: a new one is tested too

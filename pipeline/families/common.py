@@ -30,9 +30,19 @@ class Family:
     * ``flops(params, width, num_classes, **options) -> int``: forward FLOPs per image, equal to torch's counter;
     * ``tokens(params, **options) -> int``: image tokens the first layer sees, from the geometry alone;
     * ``chain(model, image_size) -> list[Layer]``: the token graph the reachability check measures;
-    * ``position(model) -> str``: its :data:`pipeline.resolution.POSITION_CONTRACT` kind;
+    * ``position(model) -> str``: the kind of ``model``'s position signal, one of :attr:`contract`'s keys;
+    * ``contract``: ``{kind: how it maps to another image size}``, this family's rows of
+      :data:`pipeline.resolution.POSITION_CONTRACT`;
+    * ``position_checks(trained, mapped, size) -> [(label, expected, got)]``: how the interface stage reads the
+      position table of a copy mapped to ``size`` px (the family knows its own module; nothing else does);
     * ``size_step(model) -> int`` and ``resize(model, size, params, arch)``: how a copy is mapped to another
-      image size in place; ``resize=None`` states a fixed grid (refused on ``evaluation.resolution.tasks``).
+      image size in place; ``resize=None`` is the one encoding of a fixed token grid (evaluated at its
+      training size only, refused on ``evaluation.resolution.tasks``);
+    * ``step_cost``: ``{arch: seconds per optimizer step against vit's}`` for every architecture of the family
+      (the pool's order and the plan's prices); ``plot_colour``: ``{arch: colour}`` in every figure and DVC
+      plot; ``expected_tokens(params, **options) -> int``: the tests' independent token rule. A family module
+      keeps these three in top-level ``STEP_COST``, ``PLOT_COLOUR`` and ``EXPECTED_TOKENS`` constants, which
+      stay out of a run's code identity (:mod:`pipeline.provenance`).
     """
 
     name: str
@@ -43,18 +53,25 @@ class Family:
     tokens: Callable[..., int]
     chain: Callable[[nn.Module, int], list]
     position: Callable[[nn.Module], str]
+    contract: dict[str, str]
+    position_checks: Callable[[nn.Module, nn.Module, int], list[tuple[str, float, float]]]
     size_step: Callable[[nn.Module], int]
     resize: Callable[..., None] | None
+    step_cost: dict[str, float]
+    plot_colour: dict[str, str]
+    expected_tokens: Callable[..., int]
 
     def __post_init__(self):
+        data = ("name", "classes", "contract", "step_cost", "plot_colour")
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "resize" and value is None:
                 continue
-            if value is None or (f.name not in ("name", "classes") and not callable(value)):
+            if value is None or (f.name not in data and not callable(value)):
                 raise TypeError(f"family {self.name!r}: {f.name} is missing (None or not callable)")
-        if not self.classes:
-            raise TypeError(f"family {self.name!r}: classes is empty (which modules does build return?)")
+        for f in ("classes", "contract"):
+            if not getattr(self, f):
+                raise TypeError(f"family {self.name!r}: {f} is empty")
 
     @property
     def options(self) -> set[str]:
@@ -117,3 +134,8 @@ def merge_pattern(grid: int) -> np.ndarray:
     dep = np.zeros((out * out, grid * grid), dtype=bool)
     dep[(yy // 2) * out + xx // 2, np.arange(grid * grid)] = True
     return dep
+
+
+def no_position_table(trained: nn.Module, mapped: nn.Module, size: int) -> list:
+    """``position_checks`` of a family whose modules carry no position table (convolutions, a fixed grid)."""
+    return []

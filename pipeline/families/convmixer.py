@@ -14,7 +14,12 @@ from timm.models.convmixer import ConvMixer
 from torch import nn
 
 from pipeline.config import Params
-from pipeline.families.common import Family, Layer, linear, patch_membership
+from pipeline.families.common import Family, Layer, linear, no_position_table, patch_membership
+
+STEP_COST = {"convmixer": 1.2}  # seconds per optimizer step against vit's (the study of 492dbde)
+PLOT_COLOUR = {"convmixer": "#661100"}
+# The tests' own rule: one token per P x P patch.
+EXPECTED_TOKENS = lambda params, **options: (params.geometry.image_size // params.geometry.patch_size) ** 2  # noqa: E731
 
 
 def build(params: Params, num_classes: int, width: int, kernel: int = 3) -> nn.Module:
@@ -53,4 +58,8 @@ FAMILY = Family(
     build=build, width_step=lambda params, **_: 1, flops=flops, tokens=lambda params, **_: params.geometry.grid**2,
     chain=chain, position=lambda model: "conv", size_step=lambda model: int(model.stem[0].kernel_size[0]),
     resize=lambda model, size, params, arch: None,  # convolutions and a global pool: nothing to map
+    position_checks=no_position_table,
+    contract={"conv": "convolutional, no position parameters: nothing to map (global average pool after the last "
+                      "stage)"},
+    step_cost=STEP_COST, plot_colour=PLOT_COLOUR, expected_tokens=EXPECTED_TOKENS,
 )

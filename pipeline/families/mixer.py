@@ -15,7 +15,12 @@ from timm.models.mlp_mixer import MlpMixer
 from torch import nn
 
 from pipeline.config import Params
-from pipeline.families.common import Family, Layer, linear, mlp, patch_membership
+from pipeline.families.common import Family, Layer, linear, mlp, no_position_table, patch_membership
+
+STEP_COST = {"mixer": 1.0}  # seconds per optimizer step against vit's (the study of 492dbde; within 10%)
+PLOT_COLOUR = {"mixer": "#6699CC"}
+# The tests' own rule: one token per P x P patch.
+EXPECTED_TOKENS = lambda params, **options: (params.geometry.image_size // params.geometry.patch_size) ** 2  # noqa: E731
 
 TOKEN_RATIO = 0.5  # timm's MlpMixer default: the token MLP's hidden size per unit of width
 
@@ -49,5 +54,9 @@ FAMILY = Family(
     build=build, width_step=lambda params, **_: 2,  # the token MLP's hidden size is half the width
     flops=flops, tokens=lambda params, **_: params.geometry.grid**2, chain=chain,
     position=lambda model: "grid", size_step=lambda model: int(model.stem.patch_size[0]),
-    resize=None,
+    resize=None,  # a fixed token grid
+    position_checks=no_position_table,
+    contract={"grid": "token mixing weights tied to the N positions of the training grid (MLP-Mixer): no mapping "
+                      "to another grid exists, so the family is evaluated at its training size only"},
+    step_cost=STEP_COST, plot_colour=PLOT_COLOUR, expected_tokens=EXPECTED_TOKENS,
 )

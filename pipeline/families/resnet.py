@@ -14,7 +14,12 @@ from timm.models.resnet import BasicBlock, ResNet
 from torch import nn
 
 from pipeline.config import Params
-from pipeline.families.common import Family, Layer, linear
+from pipeline.families.common import Family, Layer, linear, no_position_table
+
+# Seconds per optimizer step against vit's, evaluation included (the study of 492dbde).
+STEP_COST = {"resnet": 2.0, "resnet_s1": 6.6, "resnet_aa": 2.9}
+PLOT_COLOUR = {"resnet": "#117733", "resnet_s1": "#777777", "resnet_aa": "#DDAA33"}
+EXPECTED_TOKENS = lambda params, **options: params.geometry.image_size**2  # noqa: E731  the tests' rule: every pixel
 
 
 def build(params: Params, num_classes: int, width: int, downsample: str = "stride") -> nn.Module:
@@ -95,4 +100,8 @@ FAMILY = Family(
     flops=flops, tokens=lambda params, **_: params.geometry.image_size ** 2,  # pixel positions
     chain=chain, position=lambda model: "conv", size_step=lambda model: 1,
     resize=lambda model, size, params, arch: None,  # convolutions and a global pool: nothing to map
+    position_checks=no_position_table,
+    contract={"conv": "convolutional, no position parameters: nothing to map (global average pool after the last "
+                      "stage)"},
+    step_cost=STEP_COST, plot_colour=PLOT_COLOUR, expected_tokens=EXPECTED_TOKENS,
 )

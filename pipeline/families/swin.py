@@ -21,6 +21,13 @@ from torch import nn
 from pipeline.config import Params
 from pipeline.families.common import Family, Layer, linear, merge_pattern, patch_membership, transformer_block
 
+# Seconds per optimizer step against vit's, evaluation included (the study of 492dbde).
+STEP_COST = {"swin": 2.6, "swin_noshift": 2.6, "swin_local": 1.6, "swin_local_shift": 1.6}
+PLOT_COLOUR = {"swin": "#44AA99", "swin_noshift": "#AA4499", "swin_local": "#000000", "swin_local_shift": "#CC6677"}
+# The tests' own rule: one token per Swin patch (the one-stage pair's own patch where models.swin.local sets it).
+EXPECTED_TOKENS = lambda params, local=False, **options: (  # noqa: E731
+    params.geometry.image_size // params.models.swin.grid(local)[0]) ** 2
+
 
 def _stages(params: Params, local: bool) -> tuple[list[int], list[int]]:
     s = params.models.swin
@@ -180,4 +187,13 @@ FAMILY = Family(
     name="swin", classes=(SwinTransformer,),
     build=build, width_step=width_step, flops=flops, tokens=tokens, chain=chain,
     position=lambda model: "swin", size_step=size_step, resize=resize,
+    position_checks=lambda trained, mapped, size: [
+        ("every offset keeps its trained bias (max |diff|)", 0, bias_defect(trained, mapped))],
+    contract={"swin": "relative position bias inside windows: the window stays at its trained (as built) size w "
+                      "per stage and the bias table is unchanged; blocks trained with a shift shift by w/2 wherever "
+                      "the stage grid exceeds w, not where the window covers the grid (timm); a grid smaller than "
+                      "w gets one window of the grid's size whose table is cropped to the offsets that exist "
+                      "(never resampled); a grid w does not tile is zero-padded to whole windows by timm (the "
+                      "padding tokens are attended to)"},
+    step_cost=STEP_COST, plot_colour=PLOT_COLOUR, expected_tokens=EXPECTED_TOKENS,
 )

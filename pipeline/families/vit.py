@@ -29,6 +29,15 @@ from pipeline.config import Params
 from pipeline.errors import ConfigError, StageError
 from pipeline.families.common import Family, Layer, linear, mlp, patch_membership, transformer_block
 
+# Seconds per optimizer step against vit's, evaluation included (the study of 492dbde; within 10% of vit: 1.0).
+STEP_COST = {"vit": 1.0, "vit_nopos": 1.0, "vit_sincos": 1.1, "vit_sincos_init": 1.1, "vit_convstem": 1.2,
+             "vit_overlap": 1.0, "vit_hybrid": 1.6, "deit": 1.4, "deit_labels": 1.3, "nomix": 0.7}
+PLOT_COLOUR = {"vit": "#0072B2", "vit_nopos": "#E69F00", "vit_sincos": "#009E73", "vit_sincos_init": "#CC79A7",
+               "vit_convstem": "#56B4E9", "vit_overlap": "#D55E00", "vit_hybrid": "#882255", "deit": "#999933",
+               "deit_labels": "#332288", "nomix": "#EE3377"}
+# The tests' own rule (not the adapter's): every embedding gives one token per P x P patch.
+EXPECTED_TOKENS = lambda params, **options: (params.geometry.image_size // params.geometry.patch_size) ** 2  # noqa: E731
+
 
 # --------------------------------------------------------------------------- builder
 def conv_stem(channels: int, width: int, patch: int) -> nn.Sequential:
@@ -193,6 +202,18 @@ def position(model: VisionTransformer) -> str:
     return "learned" if isinstance(pe, nn.Parameter) else "sincos"
 
 
+def _prefix(model: VisionTransformer) -> int:
+    """Rows of the position table that belong to class/distillation tokens, not to patches."""
+    return 0 if model.no_embed_class else model.num_prefix_tokens
+
+
+def position_checks(trained: VisionTransformer, mapped: VisionTransformer, size: int) -> list:
+    """A learned or sin-cos table has one row per token of the new grid (plus its prefix tokens' rows)."""
+    if position(mapped) == "none":
+        return []
+    return [("position rows == tokens", (size // size_step(mapped)) ** 2 + _prefix(mapped), mapped.pos_embed.shape[1])]
+
+
 def size_step(model: VisionTransformer) -> int:
     pe = model.patch_embed
     return int(pe.feat_ratio()) if isinstance(pe, HybridEmbed) else int(pe.patch_size[0])
@@ -206,7 +227,7 @@ def resize(model: VisionTransformer, size: int, params: Params, arch: str) -> No
     model.patch_embed.set_input_size(img_size=(size, size))
     new = tuple(model.patch_embed.grid_size)
     pe = model.pos_embed
-    prefix = 0 if model.no_embed_class else model.num_prefix_tokens
+    prefix = _prefix(model)
     kind = position(model)
     if kind == "learned":
         table = resample_abs_pos_embed(pe.data, new_size=list(new), old_size=list(old), num_prefix_tokens=prefix,
@@ -223,5 +244,14 @@ def resize(model: VisionTransformer, size: int, params: Params, arch: str) -> No
 FAMILY = Family(
     name="vit", classes=(VisionTransformer,),
     build=build, width_step=width_step, flops=flops, tokens=tokens, chain=chain,
-    position=position, size_step=size_step, resize=resize,
+    position=position, position_checks=position_checks, size_step=size_step, resize=resize,
+    contract={
+        "learned": "learned absolute embedding (nn.Parameter): timm resample_abs_pos_embed over the patch grid "
+                   "with evaluation.resolution.interpolation (antialiased when shrinking); class/distillation "
+                   "tokens' entries kept as trained; unchanged at the training grid",
+        "sincos": "fixed 2D sin-cos table (buffer): recomputed by timm build_sincos2d_pos_embed for the new grid "
+                  "(the trained table is first checked equal to that function at the training grid)",
+        "none": "no position embedding: nothing to map (only the patch grid grows or shrinks)",
+    },
+    step_cost=STEP_COST, plot_colour=PLOT_COLOUR, expected_tokens=EXPECTED_TOKENS,
 )

@@ -16,7 +16,9 @@ import torch
 from timm.layers import Attention
 from timm.models.vision_transformer import Block, VisionTransformer
 
+from pipeline import resolution
 from pipeline.config import Params
+from pipeline.families import family_of_model
 from pipeline.interface import nullspace, pairs, permutation, reachability
 from pipeline.interface.checks import Check, above, at_most, equal
 
@@ -258,17 +260,15 @@ def position_study(params: Params, models: dict[str, torch.nn.Module]) -> Result
     the logits must have shape (B, K), a learned/sin-cos table one row per token of the new grid, and a
     Swin block every relative offset's trained bias (window fixed, never interpolated).
     """
-    from pipeline import resolution
-    from pipeline.families import swin
-
     res = Results()
     g, rows = params.geometry, []
     gen = torch.Generator().manual_seed(params.seed)
     for arch, model in models.items():
         model = model.eval()
-        fam = resolution.position_kind(model)
-        rows.append({"arch": arch, "kind": fam, "contract": resolution.POSITION_CONTRACT[fam]})
-        sizes = [] if fam == "grid" else params.evaluation.resolution.sizes  # a fixed grid: its own size only
+        kind, family = resolution.position_kind(model), family_of_model(model)
+        rows.append({"arch": arch, "kind": kind, "contract": resolution.POSITION_CONTRACT[kind]})
+        fixed = family.resize is None  # a fixed token grid: its own size only
+        sizes = [] if fixed else params.evaluation.resolution.sizes
         for size in dict.fromkeys([g.image_size, *sizes]):
             mapped = resolution.at_resolution(model, arch, params, size).eval()
             x = torch.rand(2, g.channels, size, size, generator=gen)
@@ -280,14 +280,8 @@ def position_study(params: Params, models: dict[str, torch.nn.Module]) -> Result
                                             "== original (max |diff|)", 0, diff))
             res.checks.append(equal("position", f"{arch} at {size} px: logits per image", HEAD_CLASSES,
                                     out.shape[-1] if out.shape[0] == 2 else -1))
-            if fam in ("learned", "sincos"):
-                prefix = 0 if mapped.no_embed_class else mapped.num_prefix_tokens
-                res.checks.append(equal("position", f"{arch} at {size} px: position rows == tokens",
-                                        (size // resolution.patch_step(mapped)) ** 2 + prefix,
-                                        mapped.pos_embed.shape[1]))
-            if fam == "swin":
-                res.checks.append(equal("position", f"{arch} at {size} px: every offset keeps its trained bias "
-                                        "(max |diff|)", 0, swin.bias_defect(model, mapped)))
+            for label, want, got in family.position_checks(model, mapped, size):  # the family reads its table
+                res.checks.append(equal("position", f"{arch} at {size} px: {label}", want, got))
     res.tables["position_contract"] = pd.DataFrame(rows)
     return res
 

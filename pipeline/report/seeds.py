@@ -12,7 +12,7 @@ Holm family at alpha / 2: the family-wise error over both looks stays at most al
 families).
 
 Price: a row's extra seeds cost what its cells' first-look seeds cost, in thousands of ViT-step equivalents (each
-cell's mean steps taken times its model's relative step cost, ``pipeline.experiment.STEP_COST``, the table the
+cell's mean steps taken times its model's relative step cost, ``pipeline.families.STEP_COST``, the table the
 training pool schedules by): counted, not timed, so the plan is the same on every machine. Rows are bought
 cheapest first, a greedy rule (a cell shared with a row already bought costs nothing again; with no shared cells it
 continues the most rows a budget affords); with ``plan.budget`` set, a row whose price exceeds what is left stays
@@ -58,14 +58,14 @@ def split_arms(r: dict, tol: float) -> list[str]:
 
 def seed_prices(runs: pd.DataFrame) -> dict[tuple[str, str], float]:
     """{(task, arch): what one more seed of the cell costs, in thousands of ViT-step equivalents}: the mean steps its
-    first-look main-grid seeds took, times its model's relative step cost (``pipeline.experiment.STEP_COST``)."""
-    from pipeline.experiment import STEP_COST  # the training stack: seconds of import the plan rarely needs
+    first-look main-grid seeds took, times its model's relative step cost (``pipeline.families.STEP_COST``)."""
+    from pipeline.families import STEP_COST  # torch and timm: the report's other readers of this module need neither
 
     config, out = main_config(runs), {}
     for (task, arch), _ in runs[runs.source == "runs"].groupby(["task", "arch"]):
         sel = select(runs, task, arch, config)
         if len(sel):
-            out[(task, arch)] = float(sel.steps_done.mean()) * STEP_COST.get(sel.model.iloc[0], 1.0) / 1000
+            out[(task, arch)] = float(sel.steps_done.mean()) * STEP_COST[sel.model.iloc[0]] / 1000
     return out
 
 

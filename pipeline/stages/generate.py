@@ -11,11 +11,10 @@ import time
 
 import numpy as np
 
-from pipeline.config import NaturalParams
 from pipeline.io import atomic_dir, save_figure, sha256_bytes, sha256_file, write_json
 from pipeline.stages.common import parse_stage, stage_main
 from pipeline.tasks import TASKS
-from pipeline.tasks.natural import candidate_paths, resolve_path
+from pipeline.tasks.natural import NaturalParams, candidate_paths, resolve_path
 from pipeline.tasks.preview import sample_grid
 
 

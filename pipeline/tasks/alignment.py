@@ -20,14 +20,44 @@ foreground area alone told the 4 glyphs apart at 0.50 (chance 0.25); with equal 
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import numpy as np
 import pandas as pd
+from pydantic import Field, model_validator
 
-from pipeline.config import AlignmentParams, Geometry
+from pipeline.sections import Geometry, NonNegInt, PosInt, Range, check_range
 from pipeline.tasks import common
-from pipeline.tasks.common import TaskData
+from pipeline.tasks.common import SyntheticParams, TaskData
 
 SLICE_FACTORS = ["offset", "dx", "dy", "position"]
+
+
+class AlignmentParams(SyntheticParams):
+    num_classes: Annotated[int, Field(ge=2)]
+    glyph_size: PosInt  # px; glyphs differ in exactly 2 * glyph_flips pixels (similarity knob)
+    glyph_flips: PosInt
+    train_offsets: Range  # fit rows: dx, dy in this range; eval rows: all of 0..P-1
+    # transfer rows: offsets outside train_offsets only, never trained on with their labels (distill.students
+    # with transfer: true learn them from a teacher's targets); 0: none
+    transfer_n: NonNegInt = 0
+
+    @model_validator(mode="after")
+    def _glyphs(self) -> AlignmentParams:
+        check_range("train_offsets", self.train_offsets)
+        if self.num_classes * self.glyph_flips > self.glyph_size**2 - 1:
+            raise ValueError(f"glyph_flips: {self.num_classes} classes x {self.glyph_flips} flips exceed the "
+                             f"{self.glyph_size ** 2 - 1} flippable pixels of a {self.glyph_size} px glyph")
+        return self
+
+
+def fits(params) -> list[tuple[bool, str, str]]:
+    """(bad, key, why): what does not fit the geometry (checked after every section is valid)."""
+    a, p, h = params.tasks.alignment, params.geometry.patch_size, params.geometry.image_size
+    return [(a.train_offsets[1] > p - 1, "tasks.alignment.train_offsets",
+             f"{a.train_offsets} leaves the offsets 0..{p - 1} of a {p} px patch"),
+            (a.glyph_size + p - 1 > h, "tasks.alignment.glyph_size",
+             f"{a.glyph_size} px at offset {p - 1} does not fit a {h} px image")]
 
 
 def num_cells(geometry: Geometry, glyph_size: int) -> int:

@@ -21,12 +21,41 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from pydantic import model_validator
 
-from pipeline.config import ArrangementParams, Geometry
+from pipeline.sections import Geometry, NonNegInt, PosInt
 from pipeline.tasks import common
-from pipeline.tasks.common import TaskData
+from pipeline.tasks.common import SyntheticParams, TaskData
 
 SLICE_FACTORS = ["dcol", "drow", "same_row"]
+
+
+class ArrangementParams(SyntheticParams):
+    glyph_size: PosInt  # must fit strictly inside a patch cell
+    glyph_flips: PosInt
+    distractor_types: NonNegInt  # glyph identities other than A and B, used by the clutter glyphs
+    same_row: bool  # A and B always in one row
+
+    @model_validator(mode="after")
+    def _glyphs(self) -> ArrangementParams:
+        if self.n % 2:
+            raise ValueError(f"n: {self.n} must be even (layout-swapped twins)")
+        k = 2 + self.distractor_types
+        if k * self.glyph_flips > self.glyph_size**2 - 1:
+            raise ValueError(f"glyph_flips: {k} glyphs x {self.glyph_flips} flips exceed the "
+                             f"{self.glyph_size ** 2 - 1} flippable pixels of a {self.glyph_size} px glyph")
+        if self.clutter and not self.distractor_types:
+            raise ValueError("distractor_types: clutter glyphs need at least one distractor type")
+        return self
+
+
+def fits(params) -> list[tuple[bool, str, str]]:
+    """(bad, key, why): what does not fit the geometry (checked after every section is valid)."""
+    g, ar = params.geometry, params.tasks.arrangement
+    p = g.patch_size
+    return [(ar.glyph_size > p, "tasks.arrangement.glyph_size", f"{ar.glyph_size} px exceeds the {p} px cell"),
+            (2 + ar.clutter > g.grid**2, "tasks.arrangement.clutter",
+             f"2 glyphs + {ar.clutter} distractors exceed the {g.grid ** 2} patch cells")]
 
 
 def generate(n: int, seed: int, geometry: Geometry, cfg: ArrangementParams) -> TaskData:

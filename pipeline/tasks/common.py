@@ -16,9 +16,23 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
 import pandas as pd
+from pydantic import Field
+
+from pipeline.sections import NonNegInt, PosInt, Section
+
+
+class SyntheticParams(Section):
+    """What every controlled task shares: its pool and the generic difficulty knobs."""
+
+    n: PosInt  # pool size: fit rows (train + val) and eval rows (test)
+    eval_fraction: Annotated[float, Field(gt=0, lt=1)]  # share of the pool reserved for the test split
+    noise: Annotated[int, Field(ge=0, le=255)]  # uniform integer noise in [-noise, noise] per pixel
+    clutter: NonNegInt  # distractors: random pixels (alignment, scale), marks/glyphs (relation, arrangement)
+
 
 ROLE_FIT, ROLE_EVAL = "fit", "eval"
 # Transfer rows (alignment's ``transfer_n``): at factor values no fit row has, never trained on with their labels;

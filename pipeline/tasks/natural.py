@@ -24,15 +24,23 @@ import contextlib
 import io
 import pickle
 import re
+import shutil
 import tarfile
+import tempfile
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import pandas as pd
+from PIL import Image
+from pydantic import Field, field_validator
 
-from pipeline.config import Geometry, NaturalParams
 from pipeline.errors import StageError
+from pipeline.repository import repo_root
+from pipeline.sections import Geometry, NonNegInt, Section
 from pipeline.tasks.common import ROLE_EVAL, ROLE_FIT, TaskData
 
 CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
@@ -44,11 +52,51 @@ _JPG = re.compile(r"(?:^|/)(train|test)/([a-z]+)/(\d+)\.jpe?g$")
 _BATCH = re.compile(r"(?:^|/)(data_batch_[1-5]|test_batch)$")
 
 
+class Augment(Section):
+    """Label-preserving training views (pipeline.learner.augment_views), drawn per (seed, step): the standard
+    CIFAR recipe of a random crop of the image padded with black, and a left-right mirror."""
+
+    crop_pad: NonNegInt  # px of black on each side before a random crop back to size (0: no crop)
+    flip: bool  # mirror left-right with probability 1/2
+
+    @property
+    def on(self) -> bool:
+        return bool(self.crop_pad or self.flip)
+
+
+class NaturalParams(Section):
+    """CIFAR-10 from an archive outside the repository (never committed), downloaded when none is found."""
+
+    # Candidate archives, tried in order, relative to the repository root (jpg tarball or python archive);
+    # when none exists the official archive is downloaded to the last one. A single string is one candidate.
+    path: Annotated[list[str], Field(min_length=1)]
+    url: str  # the official archive
+    md5: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")] = "c58f30108f718f92721af3b95e74349a"  # published
+    per_class_train: Annotated[int, Field(ge=1, le=5000)]  # first k per class of the official train
+    per_class_test: Annotated[int, Field(ge=1, le=1000)]  # ... and of the official test split
+    augment: Augment  # training views of every run on natural (a grid with augment: false turns them off)
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _one_path(cls, value: object) -> object:
+        return [value] if isinstance(value, str) else value
+
+    @property
+    def n(self) -> int:
+        """Pool size (CIFAR-10 has 10 classes)."""
+        return 10 * (self.per_class_train + self.per_class_test)
+
+
+def fits(params) -> list[tuple[bool, str, str]]:
+    """(bad, key, why): CIFAR's 32 px must map to the geometry by whole blocks or repetition."""
+    h = params.geometry.image_size
+    return [("natural" in params.tasks.names and 32 % h and h % 32, "geometry.image_size",
+             f"{h} is neither a divisor nor a multiple of CIFAR's 32 px")]
+
+
 def candidate_paths(cfg: NaturalParams) -> list[Path]:
     """``tasks.natural.path``: candidate archives in the order tried, relative to the repository root (also
     inside DVC's experiment copies)."""
-    from pipeline.repository import repo_root
-
     return [p if p.is_absolute() else repo_root() / p for p in map(Path, cfg.path)]
 
 
@@ -71,11 +119,6 @@ def download_archive(url: str, md5: str, dest: Path) -> Path:
     matched, so an offline machine, a truncated transfer or a wrong archive leaves nothing behind (not even
     the folders created for it). Raises :class:`StageError` naming ``tasks.natural.url`` and what to do.
     """
-    import shutil
-    import tempfile
-    import urllib.error
-    import urllib.request
-
     from torchvision.datasets.utils import check_integrity, download_url
 
     made = [p for p in (dest.parent, *dest.parent.parents) if not p.exists()]
@@ -138,8 +181,6 @@ def read_cifar10(path: Path, per_class_train: int, per_class_test: int) -> tuple
 
 
 def _read_jpgs(tar: tarfile.TarFile, keep: dict[str, int]) -> tuple[list[np.ndarray], list[tuple]]:
-    from PIL import Image
-
     images, rows = [], []
     for member in tar:
         hit = _JPG.search(member.name)

@@ -28,13 +28,60 @@ floor at n = 4000: 0.53.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import numpy as np
 import pandas as pd
+from pydantic import Field, model_validator
 
-from pipeline.config import Geometry, RelationParams
-from pipeline.tasks.common import TaskData, roles, split_counts, task_rng
+from pipeline.sections import Geometry, NonNegInt, PosInt
+from pipeline.tasks.common import SyntheticParams, TaskData, roles, split_counts, task_rng
 
 SLICE_FACTORS = ["distance_tokens", "window", "shifted_window"]
+
+
+class RelationParams(SyntheticParams):
+    num_colours: Annotated[int, Field(ge=3, le=8)]  # K; the relation is colour(B) = colour(A) +- 1 mod K
+    mark_size: PosInt  # px of colour inside a 1 px frame: a mark is mark_size + 2 px wide
+    clutter: NonNegInt  # distractor marks (dark-grey frames, random colours)
+    # share of twin pairs whose two marks lie in one aligned near_block x near_block block of patch cells
+    # (one Swin window: checked against models.swin); the rest at a uniform distance as before
+    near_fraction: Annotated[float, Field(ge=0, le=1)]
+    near_block: Annotated[int, Field(ge=2)]  # patch cells per block side
+
+    @model_validator(mode="after")
+    def _even(self) -> RelationParams:
+        if self.n % 2:
+            raise ValueError(f"n: {self.n} must be even (label-swapped twins)")
+        return self
+
+
+def fits(params) -> list[tuple[bool, str, str]]:
+    """(bad, key, why): what does not fit the geometry (checked after every section is valid)."""
+    g, r = params.geometry, params.tasks.relation
+    p, h = g.patch_size, g.image_size
+    return [(r.mark_size + 2 > p, "tasks.relation.mark_size",
+             f"{r.mark_size} px + a 1 px frame on each side does not fit a {p} px patch cell"),
+            (r.near_fraction > 0 and g.grid % r.near_block > 0, "tasks.relation.near_block",
+             f"{r.near_block} cells do not divide the {g.grid} x {g.grid} cell grid"),
+            (2 + r.clutter > g.grid**2, "tasks.relation.clutter",
+             f"2 marks + {r.clutter} distractors exceed the {g.grid ** 2} patch cells"),
+            (g.grid < 2, "geometry.image_size", f"relation/arrangement need at least 2x2 patch cells, got {h}/{p}")]
+
+
+def check_windows(params) -> None:
+    """A 'near' pair lies in one Swin window (after the models' own checks: a bad window is reported as such)."""
+    g, r, s = params.geometry, params.tasks.relation, params.models.swin
+    window_px = s.patch_size * s.window_size
+    if r.near_fraction and r.near_block * g.patch_size != window_px:
+        fix = (f"set it to {window_px // g.patch_size} (or near_fraction to 0)"
+               if window_px % g.patch_size == 0 and window_px // g.patch_size >= 2
+               else f"set near_fraction to 0 (a {window_px} px window holds no block of 2 x 2 cells)")
+        raise ValueError(
+            f"tasks.relation.near_block: {r.near_block} cells of {g.patch_size} px are not one Swin window "
+            f"({s.window_size} x {s.patch_size} px), so 'near' would not mean 'in one window': {fix}"
+        )
+
 
 # Content colours (distinct hues, none of them grey, so no content colour equals a frame colour).
 PALETTE = np.array([[230, 25, 75], [60, 180, 75], [0, 130, 200], [255, 225, 25],

@@ -13,15 +13,48 @@ in how their parts are arranged, never in one part alone).
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 import numpy as np
 import pandas as pd
+from pydantic import Field, model_validator
 
-from pipeline.config import Geometry, ScaleParams
-from pipeline.shapes import SHAPES, quarter_turns
+from pipeline.sections import Geometry, NonNegInt, PosInt, Range, check_range
+from pipeline.shapes import SHAPES, coinciding_shapes, quarter_turns
 from pipeline.tasks import common
-from pipeline.tasks.common import TaskData
+from pipeline.tasks.common import SyntheticParams, TaskData
 
 SLICE_FACTORS = ["size", "size_bin", "straddles"]
+
+
+class ScaleParams(SyntheticParams):
+    shapes: list[Literal["square", "frame", "triangle", "plus", "disc", "diamond", "zed", "ess"]]
+    rotate: bool  # each shape turned by a random quarter turn (factor `rotation`)
+    min_size: Annotated[int, Field(ge=2)]  # px, over all (eval) rows
+    max_size: PosInt
+    train_sizes: Range  # fit rows draw sizes here; eval rows from min_size..max_size
+    # transfer rows: unseen sizes only, never trained on with their labels (distill.students with transfer: true
+    # learn them from a teacher's targets); 0: none
+    transfer_n: NonNegInt = 0
+
+    @model_validator(mode="after")
+    def _sizes(self) -> ScaleParams:
+        if len(set(self.shapes)) != len(self.shapes) or len(self.shapes) < 2:
+            raise ValueError(f"shapes: need at least two distinct shapes, got {self.shapes}")
+        check_range("train_sizes", self.train_sizes, self.min_size, self.max_size)
+        if self.min_size > self.max_size:
+            raise ValueError(f"max_size: {self.max_size} is below min_size {self.min_size}")
+        if problem := coinciding_shapes(list(self.shapes), self.min_size, self.max_size):
+            raise ValueError(f"min_size: {problem}")
+        if self.transfer_n and self.train_sizes == [self.min_size, self.max_size]:
+            raise ValueError("transfer_n: every size is a training size, so there is no unseen size to draw from")
+        return self
+
+
+def fits(params) -> list[tuple[bool, str, str]]:
+    """(bad, key, why): what does not fit the geometry (checked after every section is valid)."""
+    sc, h = params.tasks.scale, params.geometry.image_size
+    return [(sc.max_size > h, "tasks.scale.max_size", f"{sc.max_size} px does not fit a {h} px image")]
 
 def generate(n: int, seed: int, geometry: Geometry, cfg: ScaleParams) -> TaskData:
     rng = common.task_rng(seed, "scale")

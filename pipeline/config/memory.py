@@ -1,0 +1,50 @@
+"""Sizes the schema admits but this machine cannot hold: refused with the params, not found as a MemoryError or
+minutes of swapping inside a stage."""
+
+from __future__ import annotations
+
+import os
+
+from pipeline.tasks.common import SyntheticParams
+
+
+def machine_memory() -> int:
+    """Physical memory in bytes (what a size estimate is compared with)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_fits_in_memory(params) -> None:
+    """The largest arrays each key makes a stage hold, against this machine's memory (ValueError naming the key)."""
+    g, have = params.geometry, machine_memory()
+    # the generated tasks' pools (natural images are read from their archive, not held at this size)
+    pools = [(f"tasks.{t}.n", getattr(params.tasks, t).n + getattr(getattr(params.tasks, t), "transfer_n", 0))
+             for t in params.tasks.names if isinstance(getattr(params.tasks, t), SyntheticParams)]
+    needs = [(key, n, n * g.image_size**2 * g.channels, f"{n} images of {g.image_size}x{g.image_size}x"
+              f"{g.channels} uint8 (geometry.image_size, geometry.channels)") for key, n in pools]
+    # weights, gradients and AdamW's two moments: four float32 copies of every parameter
+    needs.append(("models.param_target", params.models.param_target, 16 * params.models.param_target,
+                  f"{params.models.param_target} parameters x 16 bytes (weights, gradients, AdamW moments)"))
+    # the report's item bootstrap: a (replicates x test items) float64 weight matrix and its int64 counts
+    reps, items = params.report.bootstrap_samples, params.slice.test_size
+    needs.append(("report.bootstrap_samples", reps, 16 * reps * items,
+                  f"{reps} replicates x {items} test items x 16 bytes"))
+    # the interface's widest patch embedding: its weights and the Jacobian and null-space copies of them
+    i = params.interface
+    d, fan_in = max(i.widths), i.patch_size**2 * g.channels
+    needs.append(("interface.widths", d, 16 * d * fan_in, f"a width-{d} embedding of {fan_in} inputs x 16 bytes"))
+    # the exact checks' largest tensors: an (n x n) attention map per head at large_tokens, a (pixels x
+    # pixels) Jacobian per probe at interface.image_size, a (tokens x tokens) Swin mask at pair_counts
+    pixels = i.image_size**2 * g.channels
+    needs.append(("interface.large_tokens", i.large_tokens, 8 * i.large_tokens**2 * i.num_heads,
+                  f"a {i.large_tokens} x {i.large_tokens} float64 attention map per head"))
+    needs.append(("interface.image_size", i.image_size, 8 * pixels**2,
+                  f"a ({pixels} x {pixels}) float64 Jacobian of a {i.image_size} px image"))
+    needs.append(("interface.probes", i.probes, 8 * pixels**2 * i.probes,
+                  f"{i.probes} Jacobians of {pixels} x {pixels} float64"))
+    grid_tokens = max((i.pair_counts.image_size // p) ** 2 for p in i.pair_counts.patch_sizes)
+    needs.append(("interface.pair_counts.image_size", i.pair_counts.image_size, grid_tokens**2 // 8,
+                  f"a {grid_tokens} x {grid_tokens} token-pair mask"))
+    for key, value, need, what in needs:
+        if need > have:
+            raise ValueError(f"{key}: {value} is too large: {what} take {need / 2**30:.1f} GiB, more than "
+                             f"this machine's {have / 2**30:.1f} GiB of memory")
