@@ -41,6 +41,18 @@ def _replace(loader: OverlayLoader, node: yaml.Node) -> Replace:
 OverlayLoader.add_constructor(REPLACE, _replace)
 
 
+class OverlayDumper(yaml.SafeDumper):
+    """Writes :class:`Replace` mappings with their tag."""
+
+
+OverlayDumper.add_representer(Replace, lambda dumper, data: dumper.represent_mapping(REPLACE, dict(data)))
+
+
+def dump(overlay: dict) -> str:
+    """An overlay as YAML text (``!replace`` kept)."""
+    return yaml.dump(overlay, Dumper=OverlayDumper, sort_keys=False)
+
+
 def overlay_path(root: Path, name: str) -> Path:
     return root / DIR / f"{name}.yaml"
 
