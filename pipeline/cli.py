@@ -29,8 +29,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import yaml
-
 from pipeline import profiles
 from pipeline.config import load_params, parse_params
 from pipeline.errors import ConfigError, StageError

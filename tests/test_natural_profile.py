@@ -1,5 +1,6 @@
-"""The natural profile (issue 30, profiles/natural.yaml): its slice is the same study cut to a CPU, and the profile's own stages run end to
-end through ``bias profile`` on a tiny cut of it (a fake CIFAR-10 archive, tiny models, a few steps)."""
+"""The natural profile (issue 30, profiles/natural.yaml): its slice is the same study cut to a CPU, and the
+profile's own stages run end to end through ``bias profile`` on a tiny cut of it (a fake CIFAR-10 archive, tiny
+models, a few steps)."""
 
 from __future__ import annotations
 
