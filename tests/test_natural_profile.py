@@ -94,7 +94,8 @@ def test_a_tiny_cut_of_the_profile_runs_through_bias_profile(tmp_path):
     params["train"]["grids"] = tiny["train"]["grids"]
     # the tiny repo's params.yaml is tiny_repo's: the overlay gives every section whole, so it runs `params`
     overlay = repo / "profiles/natural.yaml"
-    overlay.write_text(profiles.dump({key: profiles.Replace(value) for key, value in params.items()}))
+    overlay.write_text(profiles.dump({key: profiles.Replace(value) if isinstance(value, dict) else value
+                                      for key, value in params.items()}))
     assert profiles.compose(overlay) == params
     profiles.load(overlay)
     proc = subprocess.run([str(tiny_repo.VENV_BIN / "bias"), "profile", "natural"], cwd=repo,
