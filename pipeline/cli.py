@@ -104,8 +104,8 @@ def profile(args: argparse.Namespace) -> int:
             print(f"{name:<14} {profiles.headline(profiles.overlay_path(root, name))}")
         return 0
     overlay = Path(os.path.relpath(profiles.overlay_path(root, args.name)))  # errors name it as the user would
-    if not overlay.is_file():
-        raise ConfigError(f"{overlay}: no such profile (have: {', '.join(have)})")
+    if args.name not in have:  # a name, not a path: "../params" is no profile
+        raise ConfigError(f"{profiles.DIR}/{args.name}.yaml: no such profile (have: {', '.join(have)})")
     composed = profiles.compose(overlay)  # a bad profile is refused before anything is copied
     params = parse_params(composed, str(overlay))
     if params.tracking.experiment_prefix == load_params(root / "params.yaml").tracking.experiment_prefix:

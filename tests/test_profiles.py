@@ -91,6 +91,8 @@ def test_a_bad_profile_is_refused_before_anything_is_copied(repo, monkeypatch, c
     assert cli.main(["profile", "mine"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: profiles/mine.yaml: train.sedes: not a key") and len(err.splitlines()) == 1
+    assert cli.main(["profile", "../params"]) == 2  # a name, not a path to any YAML file
+    assert capsys.readouterr().err == "error: profiles/../params.yaml: no such profile (have: mine)\n"
     assert not (repo / cli.PROFILES).exists()
 
 
