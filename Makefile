@@ -50,7 +50,7 @@ bench: $(STAMP)  ## benchmarks: what the pipeline costs on this machine (reports
 mlflow-ui: $(STAMP)  ## the MLflow UI on http://127.0.0.1:5000
 	$(BIN)/mlflow ui --host 127.0.0.1 --port 5000 --backend-store-uri sqlite:///$(CURDIR)/mlflow.db
 
-profile: $(STAMP)  ## NAME=quick|large: params-NAME.yaml's study beside the default, its report in reports/NAME/
+profile: $(STAMP)  ## NAME=quick|large|...: params.yaml + profiles/NAME.yaml beside the default, report in reports/NAME/ (no NAME: the list)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/bias profile $(NAME)
 
 smoke: $(STAMP)  ## the whole DAG on a tiny config in a throwaway copy (about a minute)

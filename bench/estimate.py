@@ -1,7 +1,7 @@
 """What a profile's ``dvc repro`` should take on this machine, before anything runs.
 
-    python -m bench.estimate [--params params-quick.yaml ...] [--timing reports/repro_timing.json] [--vit-ms 10.9]
-    python -m bench.estimate --all     # every committed profile (params*.yaml), one ViT measurement for all
+    python -m bench.estimate [--params profiles/quick.yaml ...] [--timing reports/repro_timing.json] [--vit-ms 10.9]
+    python -m bench.estimate --all     # params.yaml and every profile (profiles/*.yaml), one ViT measurement for all
 
 Prices every run the profile's grid lists (tune trials, teachers, train runs: ``pipeline.grid``) with the committed
 study's measured figures per ``<arch>/<task>`` cell (``repro_timing.json``'s ``training.cells``, written by
@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from pipeline import profiles
 from pipeline.config import load_params
 from pipeline.errors import ConfigError
 from pipeline.grid import Folders, teacher_specs, train_specs, tune_specs
@@ -129,7 +130,7 @@ def this_machine_vit_ms() -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params", type=Path, nargs="+", default=[Path("params.yaml")])
-    ap.add_argument("--all", action="store_true", help="every params*.yaml of this checkout")
+    ap.add_argument("--all", action="store_true", help="params.yaml and every profile (profiles/*.yaml)")
     ap.add_argument("--timing", type=Path, default=Path("reports/repro_timing.json"))
     ap.add_argument("--vit-ms", type=float, help="this machine's ms per ViT step (default: measured now)")
     ap.add_argument("--study-params", type=Path, default=Path("params.yaml"),
@@ -143,15 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     ref = timing["machine_steps_s"]
     study_ms = ref["s"]["vit"] / ref["steps"] * 1e3
     here_ms = args.vit_ms or this_machine_vit_ms()
-    profiles = sorted(Path(".").glob("params*.yaml")) if args.all else args.params
+    paths = [Path("params.yaml"), *sorted(Path(profiles.DIR).glob("*.yaml"))] if args.all else args.params
     summary = []
     try:
         study = load_params(args.study_params)
     except ConfigError as err:
         raise SystemExit(f"error: {err}") from None
-    for path in profiles:
+    for path in paths:
         try:
-            params = load_params(path)
+            params = profiles.load(path)  # an overlay is composed onto params.yaml
         except ConfigError as err:  # one line naming the file and key, as the stages say it
             raise SystemExit(f"error: {err}") from None
         if params.train.runtime.accelerator != "cpu":  # CPU step times say nothing about an accelerator

@@ -1,6 +1,6 @@
-"""What a profile for an accelerator (params-natural.yaml) should cost on one GPU, before it has run on one.
+"""What a profile for an accelerator (profiles/natural.yaml) should cost on one GPU, before it has run on one.
 
-    python -m bench.gpu_estimate [--params params-natural.yaml] [--tflops 40] [--step-ms 8]
+    python -m bench.gpu_estimate [--params profiles/natural.yaml] [--tflops 40] [--step-ms 8]
 
 Counts each run's work with the pipeline's own grid and FLOP convention (``pipeline.budget``: training = 3 x forward
 per image, the analytic family formulas): training FLOPs = 3 x forward x batch x steps, plus the validations
@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 
 from bench.estimate import forward_flops
-from pipeline.config import load_params
+from pipeline import profiles
 from pipeline.errors import ConfigError
 from pipeline.grid import Folders, at_main_budget, teacher_specs, train_specs, tune_specs
 
@@ -93,14 +93,15 @@ def estimate(params, tflops: float, step_ms: float, cpu_rate: float) -> pd.DataF
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--params", type=Path, default=Path("params-natural.yaml"))
+    ap.add_argument("--params", type=Path, default=Path("profiles/natural.yaml"),
+                    help="a profile's overlay (composed onto params.yaml) or a full params file")
     ap.add_argument("--tflops", type=float, default=40.0,
                     help="achieved bf16 TFLOP/s of one run on the GPU (an assumption; default 40)")
     ap.add_argument("--step-ms", type=float, default=8.0,
                     help="the least time one optimizer step takes on the GPU, ms (an assumption; default 8)")
     args = ap.parse_args(argv)
     try:
-        params = load_params(args.params)
+        params = profiles.load(args.params)
     except ConfigError as err:
         raise SystemExit(f"error: {err}") from None
     cpu_rate = cpu_flops_per_s(params)

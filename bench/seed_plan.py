@@ -1,13 +1,14 @@
 """Seeds where the power calculation asks for them: does a profile give every underpowered ledger row its seeds?
 
-    python -m bench.seed_plan [--ledger reports/tables/ledger.csv] [--params params-large.yaml] [--check]
+    python -m bench.seed_plan [--ledger reports/tables/ledger.csv] [--params profiles/large.yaml] [--check]
 
 Reads the committed study's ledger (``seeds_needed``: the report's power calculation at the row's Holm-adjusted
 alpha, pipeline/report/ledger.py) and counts the seeds the profile trains for each underpowered row's arms: the
 main-budget seeds of both arms of a paired row, of the one arm of a floor row, and of the arch under both budgets
 of a budget row (``budget.<arch>.<task>.<mode><steps>``). Prints the ``train.grids`` entries that would supply
-what is missing (YAML); ``--write`` replaces the profile's ``power_*`` grids with them through DVC's own ``-S``
-writer (comments kept); ``--check`` exits 1 when anything is missing. Rows whose need
+what is missing (YAML); ``--write`` replaces the profile's ``power_*`` grids with them (comments kept): in an
+overlay (``profiles/<name>.yaml``, composed onto ``params.yaml``) as flow-style entries of its ``train.grids``, in a
+full params file through DVC's own ``-S`` writer; ``--check`` exits 1 when anything is missing. Rows whose need
 exceeds ``report.max_seeds`` (">200") are listed as out of reach: no profile decides an effect that small; rows
 with a distilled student as an arm get no grid (students train on ``train.seeds``; the second look adds seeds).
 """
@@ -23,8 +24,12 @@ from pathlib import Path
 
 import pandas as pd
 import yaml
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
+from pipeline import profiles
 from pipeline.config import load_params
+from pipeline.errors import ConfigError
 from pipeline.grid import student_keys, train_keys
 
 PREFIX = "power_"  # the grids this script writes (and rewrites)
@@ -91,15 +96,20 @@ def grids(ledger: pd.DataFrame, table: pd.DataFrame, params) -> dict[str, dict]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ledger", type=Path, default=Path("reports/tables/ledger.csv"))
-    ap.add_argument("--params", type=Path, default=Path("params-large.yaml"))
+    ap.add_argument("--params", type=Path, default=Path("profiles/large.yaml"),
+                    help="a profile's overlay (profiles/<name>.yaml) or a full params file")
     ap.add_argument("--check", action="store_true", help="exit 1 when a row within reach lacks seeds")
     ap.add_argument("--write", action="store_true",
-                    help="add the missing grids to --params with DVC's own -S writer (comments kept)")
+                    help="replace the power_* grids of --params with what is missing (comments kept)")
     args = ap.parse_args(argv)
     ledger = pd.read_csv(args.ledger)
+    overlay = is_overlay(args.params)
     with tempfile.TemporaryDirectory() as tmp:  # --write edits a copy; the profile changes only once it validates
         work = Path(tmp) / "params.yaml"
-        shutil.copyfile(args.params, work)
+        if overlay:
+            profiles.write(profiles.compose(args.params), work, args.params)
+        else:
+            shutil.copyfile(args.params, work)
         if args.write:  # a fresh plan: the grids an earlier ledger asked for go first
             from dvc.utils.hydra import apply_overrides
 
@@ -115,13 +125,51 @@ def main(argv: list[str] | None = None) -> int:
         if needed:
             print(f"\n# train.grids entries {args.params} lacks:")
             print(yaml.safe_dump(needed, sort_keys=False, default_flow_style=None))
-        if args.write:
+        if args.write and overlay:
+            write_overlay(args.params, needed)
+        elif args.write:
             if needed:
                 write(work, needed)
             shutil.copyfile(work, args.params)
+        if args.write:
             print(f"{args.params}: {len(needed)} power grids")
             return 0
     return 1 if args.check and needed else 0
+
+
+def is_overlay(path: Path) -> bool:
+    return path.parent.name == profiles.DIR and profiles.base_of(path).is_file()
+
+
+def write_overlay(overlay: Path, new: dict[str, dict]) -> None:
+    """Replace the overlay's ``power_*`` grids with ``new``, one flow-style entry each (every other line kept);
+    the overlay changes only once it still composes into valid params."""
+    rt = YAML()
+    rt.width = 116
+    doc = rt.load(overlay.read_text())
+    grids = (doc.get("train") or {}).get("grids")
+    if not isinstance(grids, CommentedMap) or getattr(grids.tag, "value", None) != profiles.REPLACE:
+        raise ConfigError(f"{overlay}: train.grids: power grids need the overlay to give it whole "
+                          f"({profiles.REPLACE})")
+    for name in [g for g in grids if g.startswith(PREFIX)]:
+        del grids[name]
+    for name, grid in new.items():
+        entry = CommentedMap((k, _flow(CommentedSeq(v)) if isinstance(v, list) else v) for k, v in grid.items())
+        grids[name] = _flow(entry)
+    with tempfile.TemporaryDirectory() as tmp:
+        trial = Path(tmp) / profiles.DIR / overlay.name
+        trial.parent.mkdir()
+        shutil.copyfile(profiles.base_of(overlay), Path(tmp) / "params.yaml")
+        with trial.open("w") as f:
+            rt.dump(doc, f)
+        trial.write_text("".join(line.rstrip() + "\n" for line in trial.read_text().splitlines()))
+        profiles.load(trial)  # a ConfigError leaves the overlay as it was
+        shutil.copyfile(trial, overlay)
+
+
+def _flow(node):
+    node.fa.set_flow_style()
+    return node
 
 
 def write(path: Path, new: dict[str, dict]) -> None:

@@ -8,6 +8,8 @@
   through the train stage's own code (:func:`pipeline.experiment.fit`), in this process, on the data the data
   and slice stages wrote; it prints what the run measured and writes nothing the pipeline reads (no MLflow run,
   no DVC output). The cell's tuned learning rate is used when the tune stage has run.
+- ``bias profile [NAME [DVC ARGS]]``: ``params.yaml`` with ``profiles/NAME.yaml`` laid over it, its whole study
+  in ``.profiles/NAME/``, its report in ``reports/NAME/``; with no name, every profile and what it is.
 - ``bias ui [--port 5000]``: the MLflow UI on this repository's store.
 
 Errors in the arguments or missing inputs are one line and exit 2, as in the stages.
@@ -27,10 +29,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import yaml
-
 from bench import tiny
-from pipeline.config import load_params
+from pipeline import profiles
+from pipeline.config import load_params, parse_params
 from pipeline.errors import ConfigError, StageError
 from pipeline.grid import Folders, at_main_budget, train_specs
 from pipeline.io import atomic_dir, read_json
@@ -85,33 +86,40 @@ PROFILES = ".profiles"  # gitignored: each profile's working copy, its data and 
 
 
 def profile(args: argparse.Namespace) -> int:
-    """``params-<name>.yaml``'s whole study, composed beside the default rather than copied over it.
+    """``profiles/<name>.yaml``'s whole study, composed beside the default rather than copied over it.
 
-    The working tree is copied to ``.profiles/<name>/`` (outputs it already has stay, so a rerun is
-    incremental) with that file as its ``params.yaml``; ``dvc repro`` runs there, logging to this repository's
-    MLflow store (the profile's own experiments, by its ``tracking.experiment_prefix``) with this checkout's
-    commit and the profile's name on every run; its ``reports/`` and ``dvc.lock`` then replace
-    ``reports/<name>/``. ``params.yaml``, the default ``reports/`` and ``dvc.lock`` are never touched."""
+    The overlay is laid over ``params.yaml`` (:mod:`pipeline.profiles`) and validated; the working tree is then
+    copied to ``.profiles/<name>/`` (outputs it already has stay, so a rerun is incremental) with the composed
+    file as its ``params.yaml``; ``dvc repro`` runs there, logging to this repository's MLflow store (the
+    profile's own experiments, by its ``tracking.experiment_prefix``) with this checkout's commit and the
+    profile's name on every run; its ``reports/`` and ``dvc.lock`` then replace ``reports/<name>/``.
+    ``params.yaml``, the default ``reports/`` and ``dvc.lock`` are never touched. Without a name: the profiles."""
     root = repo_root()
-    source = root / f"params-{args.name}.yaml"
-    if not source.is_file():
-        have = sorted(p.name.removeprefix("params-").removesuffix(".yaml") for p in root.glob("params-*.yaml"))
-        raise ConfigError(f"{source.name}: no such profile (have: {', '.join(have)})")
-    params = load_params(source)  # a bad profile is refused before anything is copied
+    have = profiles.names(root)
+    if args.name is None:
+        for name in have:
+            print(f"{name:<14} {profiles.headline(profiles.overlay_path(root, name))}")
+        return 0
+    overlay = Path(os.path.relpath(profiles.overlay_path(root, args.name)))  # errors name it as the user would
+    if args.name not in have:  # a name, not a path: "../params" is no profile
+        raise ConfigError(f"{profiles.DIR}/{args.name}.yaml: no such profile (have: {', '.join(have)})")
+    composed = profiles.compose(overlay)  # a bad profile is refused before anything is copied
+    params = parse_params(composed, str(overlay))
     if params.tracking.experiment_prefix == load_params(root / "params.yaml").tracking.experiment_prefix:
-        raise ConfigError(f"{source.name}: tracking.experiment_prefix {params.tracking.experiment_prefix!r} is "
-                          f"the default's: give the profile its own, so its runs stay apart in the MLflow store")
+        raise ConfigError(f"{overlay}: tracking.experiment_prefix "
+                          f"{params.tracking.experiment_prefix!r} is the default's: give the profile its own, so "
+                          f"its runs stay apart in the MLflow store")
     work = root / PROFILES / args.name
     for rel in tiny.source_files(root):
         if not rel.startswith("reports/"):  # outputs of the profile's own report stage
             (work / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(root / rel, work / rel)
-    shutil.copy2(source, work / "params.yaml")
-    _anchor_archives(work / "params.yaml", params, root)
+    profiles.write(_anchor_archives(composed, params, root), work / "params.yaml", overlay)
     git_init(work)  # DVC wants a git repository; its history is not the source of record
     env = {**_env(), "MLFLOW_TRACKING_URI": tracking_uri(None, root),
            "BIAS_GIT_COMMIT": git_commit(), "BIAS_PROFILE": args.name}
-    print(f"profile {args.name}: {source.name} in {work.relative_to(root)}; dvc repro ...", flush=True)
+    print(f"profile {args.name}: params.yaml + {overlay} in {work.relative_to(root)}; "
+          f"dvc repro ...", flush=True)
     t0 = time.perf_counter()
     code = subprocess.run([_bin("dvc"), "repro", *args.dvc_args], cwd=work, env=env).returncode
     if code:
@@ -126,13 +134,12 @@ def profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _anchor_archives(path: Path, params, root: Path) -> None:
+def _anchor_archives(raw: dict, params, root: Path) -> dict:
     """The profile's copy reads CIFAR-10 where this checkout does: relative ``tasks.natural.path`` candidates are
     relative to the repository root, which for the copy is ``.profiles/<name>``."""
-    raw = yaml.safe_load(path.read_text())
-    raw["tasks"]["natural"]["path"] = [p if Path(p).is_absolute() else str(root / p)
-                                       for p in params.tasks.natural.path]
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    natural = {**raw["tasks"]["natural"], "path": [p if Path(p).is_absolute() else str(root / p)
+                                                   for p in params.tasks.natural.path]}
+    return {**raw, "tasks": {**raw["tasks"], "natural": natural}}
 
 
 def run_spec(params, arch: str, task: str, seed: int, out: Path, lrs: dict):
@@ -208,9 +215,10 @@ def parser() -> argparse.ArgumentParser:
     o.add_argument("--params", default="params.yaml")
     o.add_argument("--out", help="keep the run's checkpoints and summary.json here (default: discarded)")
     o.set_defaults(fn=run_one)
-    f = sub.add_parser("profile", help="params-<name>.yaml's study in .profiles/<name>, its report in "
-                                       "reports/<name>/ (params.yaml and the default reports/ untouched)")
-    f.add_argument("name", help="quick, large, ...: the file params-<name>.yaml")
+    f = sub.add_parser("profile", help="params.yaml + profiles/<name>.yaml's study in .profiles/<name>, its report "
+                                       "in reports/<name>/ (params.yaml and the default reports/ untouched); "
+                                       "no name: list the profiles")
+    f.add_argument("name", nargs="?", help="quick, large, ...: the overlay profiles/<name>.yaml")
     f.add_argument("dvc_args", nargs=argparse.REMAINDER, help="passed to dvc repro")
     f.set_defaults(fn=profile)
     u = sub.add_parser("ui", help="the MLflow UI on this repository's store (localhost)")

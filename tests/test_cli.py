@@ -63,21 +63,20 @@ def test_smoke_runs_the_dag_in_a_copy_and_leaves_the_repository_alone(tmp_path):
 
 @pytest.mark.slow
 def test_profile_runs_beside_the_default_and_leaves_only_its_report(make_tiny_repo):
-    """``bias profile <name>``: the study of params-<name>.yaml in .profiles/<name>, its report in
+    """``bias profile <name>``: the study of params.yaml + profiles/<name>.yaml in .profiles/<name>, its report in
     reports/<name>/; params.yaml and everything tracked stay as they were, its runs are in their own MLflow
     experiments with the checkout's commit and the profile's name."""
     from mlflow.tracking import MlflowClient
 
     repo = make_tiny_repo()
-    params = tiny_repo.params_with({"tracking": {"experiment_prefix": "bias-tiny2"}, "train": {"seeds": [1]}})
-    tiny_repo.write_params(repo / "params-tiny2.yaml", params)
-    tiny_repo.write_params(repo / "params-same.yaml", tiny_repo.params_with())
-    tiny_repo.git(repo, "add", "params-tiny2.yaml", "params-same.yaml")
+    (repo / "profiles/tiny2.yaml").write_text("tracking: {experiment_prefix: bias-tiny2}\ntrain: {seeds: [1]}\n")
+    (repo / "profiles/same.yaml").write_text("train: {seeds: [1]}\n")
+    tiny_repo.git(repo, "add", "profiles/tiny2.yaml", "profiles/same.yaml")
     tiny_repo.git(repo, "commit", "-q", "-m", "a second profile")
     head = tiny_repo.git(repo, "rev-parse", "HEAD").strip()
     have = "large, natural, natural-slice, quick, same, tasks, tiny2"
-    for name, says in [("nope", f"params-nope.yaml: no such profile (have: {have})"),
-                       ("same", "params-same.yaml: tracking.experiment_prefix 'bias' is the default's")]:
+    for name, says in [("nope", f"profiles/nope.yaml: no such profile (have: {have})"),
+                       ("same", "profiles/same.yaml: tracking.experiment_prefix 'bias' is the default's")]:
         proc = bias(repo, "profile", name)
         assert proc.returncode == 2 and proc.stderr.startswith(f"error: {says}"), proc.stderr
         assert len(proc.stderr.splitlines()) == 1

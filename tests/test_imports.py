@@ -27,7 +27,8 @@ LAZY = ("torch", "torchvision", "lightning", "timm", "mlflow", "requests", "sqla
 # listed module by module (``pipeline``, ``report``) come before everything: they may import nothing of the package.
 LAYERS = (
     ("params and data", ("errors", "io", "schemas", "repository", "environment", "shapes", "sections", "archs",
-                         "tasks/", "config/", "families/", "slicing")),
+                         "tasks/", "config/", "profiles", "families/",
+                         "slicing")),
     ("which runs", ("grid", "tune")),
     ("one run's code", ("split", "predict", "models", "budget", "resolution", "subgroups", "provenance", "learner",
                         "evaluation")),

@@ -1,5 +1,6 @@
-"""params-natural.yaml (issue 30): its slice is the same study cut to a CPU, and the profile's own stages run end to
-end through ``bias profile`` on a tiny cut of it (a fake CIFAR-10 archive, tiny models, a few steps)."""
+"""The natural profile (issue 30, profiles/natural.yaml): its slice is the same study cut to a CPU, and the
+profile's own stages run end to end through ``bias profile`` on a tiny cut of it (a fake CIFAR-10 archive, tiny
+models, a few steps)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import tiny_repo
-import yaml
 from test_natural import fake_python_archive
 
-from bench.params_format import main as params_format
-from pipeline.config import load_params
+from pipeline import profiles
 
 ROOT = Path(__file__).resolve().parents[1]
-# What params-natural-slice.yaml may change: sizes, budgets, seeds, the runtime and its own experiments.
+NATURAL, SLICE = ROOT / "profiles/natural.yaml", ROOT / "profiles/natural-slice.yaml"
+# What the slice may change: sizes, budgets, seeds, the runtime and its own experiments.
 SLICE_EDITS = {("models", "param_target"), ("tasks", "natural", "per_class_train"),
                ("tasks", "natural", "per_class_test"), ("slice",), ("plan",), ("tracking", "experiment_prefix"),
                ("train", "seeds"), ("train", "size"), ("train", "grids"), ("train", "recipe", "steps"),
@@ -37,7 +37,7 @@ def _drop(doc: dict, paths: set[tuple[str, ...]]) -> dict:
 
 
 def test_natural_profile_is_the_issue_s_study():
-    p = load_params(ROOT / "params-natural.yaml")
+    p = profiles.load(NATURAL)
     assert (p.geometry.image_size, p.geometry.patch_size) == (32, 4) and p.tasks.names == ["natural"]
     assert (p.tasks.natural.per_class_train, p.tasks.natural.per_class_test) == (5000, 1000)
     assert p.tasks.natural.augment.on and p.train.size == max(p.slice.train_sizes)
@@ -50,16 +50,13 @@ def test_natural_profile_is_the_issue_s_study():
     assert {"vit", "vit_nopos", "vit_sincos", "vit_convstem", "vit_overlap", "swin", "swin_noshift", "resnet"} \
         <= set(p.train.archs)
     assert set(p.report.expected["natural"]) >= {"vit", "resnet"}
-    for name in ("params-natural.yaml", "params-natural-slice.yaml"):
-        assert params_format([str(ROOT / name), "--check"]) == 0
 
 
 def test_the_slice_is_the_profile_cut_to_a_cpu():
-    full = yaml.safe_load((ROOT / "params-natural.yaml").read_text())
-    cut = yaml.safe_load((ROOT / "params-natural-slice.yaml").read_text())
+    full, cut = profiles.compose(NATURAL), profiles.compose(SLICE)
     assert _drop(cut, SLICE_EDITS) == _drop(full, SLICE_EDITS)
     assert set(cut["train"]["grids"]) == set(full["train"]["grids"])  # the same curves and pairs, smaller
-    p = load_params(ROOT / "params-natural-slice.yaml")
+    p = profiles.load(SLICE)
     assert p.train.runtime.accelerator == "cpu" and p.tracking.experiment_prefix == "bias-natural-slice"
 
 
@@ -68,7 +65,7 @@ def test_a_tiny_cut_of_the_profile_runs_through_bias_profile(tmp_path):
     archive = tmp_path / "cifar-10-python.tar.gz"
     fake_python_archive(archive, per_class=30)
     repo = tiny_repo.make_repo(tmp_path / "repo")
-    raw = yaml.safe_load((ROOT / "params-natural.yaml").read_text())
+    raw = profiles.compose(NATURAL)
     archs = ["vit", "vit_nopos", "swin", "resnet", "nomix"]
     tiny = {
         "interface": tiny_repo.TINY["interface"],
@@ -95,8 +92,12 @@ def test_a_tiny_cut_of_the_profile_runs_through_bias_profile(tmp_path):
     params = tiny_repo.merge(raw, tiny)
     params["train"]["archs"] = tiny["train"]["archs"]
     params["train"]["grids"] = tiny["train"]["grids"]
-    tiny_repo.write_params(repo / "params-natural.yaml", params)
-    load_params(repo / "params-natural.yaml")
+    # the tiny repo's params.yaml is tiny_repo's: the overlay gives every section whole, so it runs `params`
+    overlay = repo / "profiles/natural.yaml"
+    overlay.write_text(profiles.dump({key: profiles.Replace(value) if isinstance(value, dict) else value
+                                      for key, value in params.items()}))
+    assert profiles.compose(overlay) == params
+    profiles.load(overlay)
     proc = subprocess.run([str(tiny_repo.VENV_BIN / "bias"), "profile", "natural"], cwd=repo,
                           env=tiny_repo.env(repo), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

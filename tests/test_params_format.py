@@ -1,6 +1,8 @@
-"""params.yaml in DVC's form: a `dvc exp run -S` edit (DVC's own writer, in process) changes exactly one line."""
+"""params.yaml in DVC's form: a `dvc exp run -S` edit (DVC's own writer, in process) changes exactly one line; each
+profile (params.yaml with its overlay profiles/<name>.yaml laid over it) is the study it says it is."""
 
 import difflib
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -8,11 +10,11 @@ import yaml
 from dvc.utils.hydra import apply_overrides
 
 from bench.params_format import dvc_form, main
+from pipeline import profiles
 from pipeline.config import load_params
 
 ROOT = Path(__file__).resolve().parents[1]
-PROFILES = ("params.yaml", "params-quick.yaml", "params-large.yaml", "params-tasks.yaml", "params-natural.yaml",
-            "params-natural-slice.yaml")
+PROFILES = ("params.yaml", *(f"{profiles.DIR}/{name}.yaml" for name in profiles.names(ROOT)))
 
 
 def changed_lines(before: str, after: str) -> list[str]:
@@ -56,17 +58,16 @@ def test_check_flag(tmp_path, formatted, capsys):
     assert main([str(tmp_path / "missing.yaml")]) == 2
 
 
-@pytest.mark.parametrize("name", PROFILES)
-def test_committed_params_are_in_dvc_form(name):
-    """The repository's params files are what `dvc exp run -S` would write back: an -S edit is a one-line diff."""
-    assert main([str(ROOT / name), "--check"]) == 0
+def test_committed_params_are_in_dvc_form():
+    """params.yaml is what `dvc exp run -S` would write back: an -S edit is a one-line diff (the profiles are
+    overlays composed onto it, never edited by DVC)."""
+    assert main([str(ROOT / "params.yaml"), "--check"]) == 0
 
 
 def _profile(name: str) -> dict:
-    from pipeline.config import load_params
-
-    load_params(ROOT / name)  # raises a ConfigError naming the key if it drifted from the schema
-    return yaml.safe_load((ROOT / name).read_text())
+    """The composed params of ``profiles/<name>.yaml``, validated (a ConfigError names the overlay and key)."""
+    profiles.load(ROOT / profiles.DIR / f"{name}.yaml")
+    return profiles.compose(ROOT / profiles.DIR / f"{name}.yaml")
 
 
 def _outside(doc: dict, grid: set[str], distill: set[str]) -> tuple[dict, dict, dict]:
@@ -81,28 +82,27 @@ def _outside(doc: dict, grid: set[str], distill: set[str]) -> tuple[dict, dict, 
 
 
 def test_large_profile_validates_and_differs_only_in_the_grid():
-    """params-large.yaml: the same study with more cells; every other key follows params.yaml."""
-    base, large = yaml.safe_load((ROOT / "params.yaml").read_text()), _profile("params-large.yaml")
+    """The large profile: the same study with more cells; every other key follows params.yaml."""
+    base, large = yaml.safe_load((ROOT / "params.yaml").read_text()), _profile("large")
     grid, distill = {"seeds", "archs", "grids"}, {"tasks"}
     assert _outside(large, grid, distill) == _outside(base, grid, distill)
     assert len(large["train"]["seeds"]) >= 10
     assert large["tracking"]["experiment_prefix"] == "bias-large" != base["tracking"]["experiment_prefix"]
-    assert _runs("params.yaml") < _runs("params-large.yaml")  # every default cell, and more
+    assert _runs("params.yaml") < _runs("profiles/large.yaml")  # every default cell, and more
 
 
 def _runs(name: str) -> set[Path]:
     """Every run a profile trains (teachers, main grid, grids, students), by its output folder."""
-    from pipeline.config import load_params
     from pipeline.grid import Folders, teacher_specs, train_specs
 
-    params, at = load_params(ROOT / name), Folders(Path("tasks"), Path("slices"), Path("runs"), Path("ckpt"),
+    params, at = profiles.load(ROOT / name), Folders(Path("tasks"), Path("slices"), Path("runs"), Path("ckpt"),
                                                    Path("teachers"))
     return {s.out_dir for s in [*train_specs(params, at), *teacher_specs(params, at)]}
 
 
 def test_quick_profile_is_the_default_with_fewer_cells():
-    """params-quick.yaml: the default's architectures on a subset of its cells; every other key follows it."""
-    base, quick = yaml.safe_load((ROOT / "params.yaml").read_text()), _profile("params-quick.yaml")
+    """The quick profile: the default's architectures on a subset of its cells; every other key follows it."""
+    base, quick = yaml.safe_load((ROOT / "params.yaml").read_text()), _profile("quick")
     grid, distill = {"seeds", "archs", "grids"}, {"tasks"}
     assert _outside(quick, grid, distill) == _outside(base, grid, distill)
     # the default's first look at most, with no extra axes
@@ -115,14 +115,14 @@ def test_quick_profile_is_the_default_with_fewer_cells():
     for arch, spec in archs.items():
         assert {**spec, "tasks": None} == {**base_archs[arch], "tasks": None}, arch
         assert spec["tasks"] and set(spec["tasks"]) <= set(base_archs[arch]["tasks"]), arch
-    assert _runs("params-quick.yaml") < _runs("params.yaml")
+    assert _runs("profiles/quick.yaml") < _runs("params.yaml")
 
 
 def test_tasks_profile_is_the_quick_one_on_the_redesigned_tasks():
-    """params-tasks.yaml: params-quick.yaml on alignment, scale and relation only (issue 27's redesigns). It is the
+    """The tasks profile: the quick one on alignment, scale and relation only (issue 27's redesigns). It is the
     record of reports/tasks/, so its cells stay as they ran: every arch on every redesigned task it trained on
     then, including the relation cells the default has since dropped (docs/design.md §10)."""
-    quick, tasks = _profile("params-quick.yaml"), _profile("params-tasks.yaml")
+    quick, tasks = _profile("quick"), _profile("tasks")
     kept = ["alignment", "scale", "relation"]
     assert tasks["tasks"]["names"] == kept and tasks["tracking"]["experiment_prefix"] == "bias-tasks"
     expect = yaml.safe_load(yaml.safe_dump(quick))
@@ -139,13 +139,40 @@ def test_tasks_profile_is_the_quick_one_on_the_redesigned_tasks():
             assert {t for t in quick["train"]["archs"][arch]["tasks"] if t in kept} <= set(spec["tasks"]), arch
 
 
-def test_large_profile_gives_every_underpowered_row_its_seeds(capsys):
-    """params-large.yaml trains, for every underpowered row of the committed ledger within ``report.max_seeds``,
-    the seeds its power calculation asks for, on every arm (bench/seed_plan.py; `--write` updates the profile)."""
+def committed(tmp_path: Path, rel: str) -> Path:
+    """``rel`` as the checkout's HEAD commits it, not as the working tree has it: a legitimate ``make repro`` on
+    another machine rewrites the study's outputs, and a test must not depend on results a rerun may change."""
+    try:
+        text = subprocess.run(["git", "show", f"HEAD:{rel}"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip(f"{rel}: needs the committed version (git show HEAD:{rel}), and this is not a git checkout")
+    (tmp_path / Path(rel).name).write_text(text)
+    return tmp_path / Path(rel).name
+
+
+def test_large_profile_gives_every_underpowered_row_its_seeds(tmp_path, capsys):
+    """The large profile trains, for every underpowered row of the committed ledger within ``report.max_seeds``,
+    the seeds its power calculation asks for, on every arm (bench/seed_plan.py; `--write` updates the overlay)."""
     from bench import seed_plan
 
-    ledger, large = ROOT / "reports/tables/ledger.csv", ROOT / "params-large.yaml"
+    ledger, large = committed(tmp_path, "reports/tables/ledger.csv"), ROOT / "profiles/large.yaml"
     assert seed_plan.main(["--ledger", str(ledger), "--params", str(large), "--check"]) == 0, capsys.readouterr().out
+
+
+def test_seed_plan_writes_an_overlay_s_power_grids_and_nothing_else(tmp_path):
+    """``--write`` on an overlay replaces its power_* grids (flow style, comments kept): the committed large
+    profile is its own fixed point on the committed ledger, and a stale grid is dropped."""
+    from bench import seed_plan
+
+    ledger = committed(tmp_path, "reports/tables/ledger.csv")
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    overlay, committed_text = tmp_path / "profiles/large.yaml", (ROOT / "profiles/large.yaml").read_text()
+    overlay.write_text(committed_text.replace("  grids: !replace\n", "  grids: !replace\n"
+                                              "    power_stale: {archs: [vit], tasks: [scale], seeds: [0, 1]}\n"))
+    assert seed_plan.main(["--ledger", str(ledger), "--params", str(overlay), "--write"]) == 0
+    assert overlay.read_text() == committed_text
 
 
 def test_seed_plan_counts_each_arm_and_writes_what_is_missing(tmp_path):
@@ -200,7 +227,7 @@ def test_every_main_grid_cell_has_a_reader(profile):
     # from train.archs or give it a row (pipeline/report/contrasts.csv).
     from pipeline.report.contrasts import cell_readers
 
-    readers = cell_readers(load_params(ROOT / profile), _figure_archs())
+    readers = cell_readers(profiles.load(ROOT / profile), _figure_archs())
     assert not sorted(cell for cell, who in readers.items() if not who)
 
 
@@ -221,7 +248,7 @@ def test_every_plotted_column_exists_in_every_profile():
     figures = _figure_archs()
     assert set().union(*figures.values())
     for profile in PROFILES:  # a plot of a task the profile does not run is blank by rights
-        params = load_params(ROOT / profile)
+        params = profiles.load(ROOT / profile)
         listed = set().union(*(cols for task, cols in figures.items() if task in params.tasks.names))
         columns = set(ARCHS) | set(params.distill.students)
         assert sorted(listed - columns) == [], profile

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from pipeline import profiles
 from pipeline.archs import ARCHS
 from pipeline.config import ArchEntry, load_params
 from pipeline.grid import configured_cells
@@ -298,7 +299,7 @@ def test_markdown_cells_escape_the_column_separator():
     assert lines[2].count("|") - lines[2].count(r"\|") == 3  # three column borders, the cell's pipes escaped
 
 
-# Rows the CPU default leaves to params-large.yaml, each for a measured reason (docs/design.md §10): at 16 px
+# Rows the CPU default leaves to the large profile, each for a measured reason (docs/design.md §10): at 16 px
 # CIFAR-10 no ViT-family arm clears the learn threshold (reports/quick), so only the references train there; on
 # relation the position arms sit at the ceiling (reports/tasks); the DeiT students sit at chance on arrangement.
 DEFAULT_LEAVES_OUT = {
@@ -309,12 +310,12 @@ DEFAULT_LEAVES_OUT = {
 }
 
 
-@pytest.mark.parametrize("profile", ["params.yaml", "params-large.yaml"])
+@pytest.mark.parametrize("profile", ["params.yaml", "profiles/large.yaml"])
 def test_every_predicted_contrast_is_run_at_the_default_params(profile):
     """The ledger's pre-registered pairs and the profiles agree: each contrast has both arms configured on each of
     its tasks in the large profile, and in the default except the rows it leaves out on purpose (a pair missing
     from the grid would silently drop its row)."""
-    params = load_params(ROOT / profile)
+    params = profiles.load(ROOT / profile)
     planned = {row["id"] for row in contrasts.plan(params)}
     default = configured_cells(load_params(ROOT / "params.yaml"))
     # a distill.* row is planned wherever both arms train: the default's such tasks, in both profiles
@@ -326,11 +327,11 @@ def test_every_predicted_contrast_is_run_at_the_default_params(profile):
     assert not left_out & planned  # a row the default runs again comes off the list
 
 
-@pytest.mark.parametrize("profile", ["params.yaml", "params-large.yaml"])
+@pytest.mark.parametrize("profile", ["params.yaml", "profiles/large.yaml"])
 def test_every_grid_cell_has_a_main_grid_partner(profile):
     """A grid run (more steps, another size, draw or budget mode) is judged against the same arch and task in the
     main grid; a grid cell whose arch does not run that task in the main grid would be a pair with one arm."""
-    params = load_params(ROOT / profile)
+    params = profiles.load(ROOT / profile)
     conf = configured_cells(params)
     for name, grid in params.train.grids.items():
         for arch in grid.archs:

@@ -231,12 +231,12 @@ def test_estimate_all_prices_every_committed_profile(capsys, monkeypatch):
     monkeypatch.chdir(root)
     assert estimate.main(["--all", "--vit-ms", "10.0", "--timing", "reports/quick/repro_timing.json"]) == 0
     out = capsys.readouterr().out
-    from pipeline.config import load_params
+    from pipeline import profiles
 
-    profiles = sorted(p.name for p in root.glob("params*.yaml"))
-    cpu = [p for p in profiles if load_params(root / p).train.runtime.accelerator == "cpu"]
+    every = ["params.yaml", *(f"profiles/{name}.yaml" for name in profiles.names(root))]
+    cpu = [p for p in every if profiles.load(root / p).train.runtime.accelerator == "cpu"]
     assert len(cpu) >= 5 and all(f"{p}: expected dvc repro" in out for p in cpu)
-    gpu = sorted(set(profiles) - set(cpu))
+    gpu = sorted(set(every) - set(cpu))
     assert gpu and all(f"{p}: for an accelerator" in out and f"bench.gpu_estimate --params {p}" in out for p in gpu)
     summary = out.split("Every profile at 10.00 ms per ViT step:")[1]
     assert all(f"| {p} " in summary for p in cpu)
@@ -244,16 +244,17 @@ def test_estimate_all_prices_every_committed_profile(capsys, monkeypatch):
 
 def test_a_profile_of_other_images_or_models_is_scaled_by_flops_per_step():
     from bench import estimate
+    from pipeline import profiles
     from pipeline.config import load_params
 
     root = Path(__file__).resolve().parents[1]
-    study = load_params(root / "params.yaml")
-    assert estimate.flops_scale(load_params(root / "params-quick.yaml"), study) == {}  # same models: as measured
-    scale = estimate.flops_scale(load_params(root / "params-natural-slice.yaml"), study)
+    study, cut = load_params(root / "params.yaml"), profiles.load(root / "profiles/natural-slice.yaml")
+    assert estimate.flops_scale(profiles.load(root / "profiles/quick.yaml"), study) == {}  # same models: as measured
+    scale = estimate.flops_scale(cut, study)
     assert scale["vit"] > 4  # 64 tokens of 44 wide against 16 of the default's: more work per step
     timing = json.loads((root / "reports/repro_timing.json").read_text())
-    plain = estimate.run_table(load_params(root / "params-natural-slice.yaml"), timing["training"]["cells"])
-    scaled = estimate.run_table(load_params(root / "params-natural-slice.yaml"), timing["training"]["cells"], scale)
+    plain = estimate.run_table(cut, timing["training"]["cells"])
+    scaled = estimate.run_table(cut, timing["training"]["cells"], scale)
     vit = (scaled.arch == "vit") & (plain.arch == "vit")
     assert (scaled.expected_s[vit] > plain.expected_s[vit]).all()
 
@@ -261,11 +262,11 @@ def test_a_profile_of_other_images_or_models_is_scaled_by_flops_per_step():
 def test_gpu_estimate_counts_each_run_s_work():
     from bench import gpu_estimate
     from bench.estimate import forward_flops
-    from pipeline.config import load_params
+    from pipeline import profiles
     from pipeline.grid import Folders, at_main_budget, train_specs
 
     root = Path(__file__).resolve().parents[1]
-    params = load_params(root / "params-natural.yaml")
+    params = profiles.load(root / "profiles/natural.yaml")
     runs = gpu_estimate.run_table(params)
     specs = train_specs(params, Folders(*[Path(".")] * 5))
     train = runs[runs.stage == "train"].reset_index(drop=True)

@@ -241,14 +241,14 @@ def _two_looks_under_the_null(sims: int, params, rng) -> tuple[float, float]:
     return one / sims, two / sims
 
 
-@pytest.mark.parametrize("profile", ["params.yaml", "params-large.yaml"])
+@pytest.mark.parametrize("profile", ["params.yaml", "profiles/large.yaml"])
 def test_the_second_look_keeps_its_level_though_its_seeds_depend_on_the_first(profile):
     """Look 2 reuses look 1's seeds, and how many it adds depends on look 1's estimate (sample-size
     re-estimation, which can raise a test's level). Under the profile's plan it does not: with no true effect,
     look 2 decides a row less often than its level (alpha / 2), so the two looks together stay within alpha."""
-    from pipeline.config import load_params
+    from pipeline import profiles
 
-    params, sims = load_params(ROOT / profile), 12000
+    params, sims = profiles.load(ROOT / profile), 12000
     assert stats.second_look(params)
     level = stats.look_alpha(params)
     one, two = _two_looks_under_the_null(sims, params, np.random.default_rng(7))
