@@ -32,7 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.environment import differences, environment
-from pipeline.errors import StageError
+from pipeline.errors import StageError, Terminated
+
+# How a run cut short by SIGTERM comes back from a worker: our own handler's exception, or Lightning's (its signal
+# connector turns SIGTERM during fit into SIGTERMException, a SystemExit, which would otherwise read as a failure).
+TERMINATED = ("Terminated", "SIGTERMException")
 
 LOOPBACK = "127.0.0.1"
 ADDRESS_ENV = "DASK_SCHEDULER_ADDRESS"  # Dask's own variable (dask config `scheduler-address`)
@@ -282,6 +286,8 @@ def map_runs(fn: Callable[[Any], Any], items: Iterable[Any], *, workers: int = 1
         for k, (item, ok, out) in enumerate(outcomes, 1):
             if not ok and out[0].startswith("KeyboardInterrupt"):  # Ctrl-C reached a worker: cut short, not wrong
                 raise KeyboardInterrupt(f"run {describe(item)} interrupted")
+            if not ok and out[0].startswith(TERMINATED):  # SIGTERM reached a worker: the same, exit 143
+                raise Terminated(f"run {describe(item)} terminated")
             if not ok:
                 raise fail(item, out)
             report(k, item)

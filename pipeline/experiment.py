@@ -151,8 +151,8 @@ def learning_rate(spec: RunSpec, params: Params) -> float:
 def _diverged(err: FloatingPointError, spec: RunSpec, params: Params) -> FloatingPointError:
     r = params.train.recipe
     lr = f"train.recipe.lr={r.lr}" if spec.lr is None else f"lr={spec.lr} (tune.lrs)"
-    return FloatingPointError(f"{err}: training diverged; likely causes {lr}, "
-                              f"warmup_steps={r.warmup_steps}, grad_clip={r.grad_clip}")
+    return FloatingPointError(f"{err}: training diverged; likely causes {lr}, train.recipe.weight_decay="
+                              f"{r.weight_decay}, warmup_steps={r.warmup_steps}, grad_clip={r.grad_clip}")
 
 
 def _module(model, spec: RunSpec, params: Params, steps: int):

@@ -7,8 +7,10 @@ import errno
 import fcntl
 import hashlib
 import json
+import math
 import os
 import shutil
+import stat
 import tempfile
 import zipfile
 from collections.abc import Callable, Iterator
@@ -114,7 +116,7 @@ def save_figure(fig, path: str | Path) -> Path:
 
 
 def sha256_file(path: str | Path) -> str:
-    with open(path, "rb") as f:
+    with open(check_kind(path), "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
@@ -128,6 +130,38 @@ def sha256_bytes(*arrays: bytes) -> str:
 def index_sha256(idx: np.ndarray) -> str:
     """The slice stage's hash of an index array (``manifest.json`` ``arrays.<name>.sha256``)."""
     return sha256_bytes(np.ascontiguousarray(idx, dtype=np.int64).tobytes())
+
+
+# What a path is when it is not a regular file or a folder: opening one to read could block (a FIFO with no writer,
+# a socket, a terminal) or never end (a device).
+SPECIAL = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+           (stat.S_ISBLK, "a block device"))
+
+
+def check_kind(path: str | Path, folder: bool = False, error: type[Exception] = StageError) -> Path:
+    """``path``, once it is known to be a regular file (a folder if ``folder``), checked before anything opens it;
+    else one ``error`` line naming it. A missing path passes: each reader says what a missing input means."""
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return path
+    except OSError as err:  # a loop of links, a name too long, no permission on the way
+        raise error(f"{path}: cannot inspect ({err.strerror or err})") from None
+    if folder and not stat.S_ISDIR(mode):
+        raise error(f"{path}: not a folder ({_what(mode)})")
+    if not folder and not stat.S_ISREG(mode):
+        blocks = "" if stat.S_ISDIR(mode) else "; reading it could block"
+        raise error(f"{path}: not a file ({_what(mode)}{blocks})")
+    return path
+
+
+def _what(mode: int) -> str:
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    return next((name for test, name in SPECIAL if test(mode)), "a special file")
 
 
 class Unit(float):
@@ -146,7 +180,7 @@ def read_json(path: str | Path, required: Shape | None = None) -> dict:
 
     ``required`` maps a dotted key (``"sha256.images"``) to a type or tuple of types; ``float`` admits an int,
     and a bool is never a number (JSON's ``true`` would pass ``isinstance(True, int)``)."""
-    path = Path(path)
+    path = check_kind(path)
     if not path.exists():
         raise StageError(f"{path}: missing")
     try:
@@ -168,7 +202,7 @@ def read_json(path: str | Path, required: Shape | None = None) -> dict:
 def read_new_lines(path: str | Path, offset: int, required: Shape) -> tuple[list[dict], int]:
     """The complete JSON lines of ``path`` after byte ``offset`` (each a mapping of ``required`` shape), and
     the offset after them; a line still being written waits for the next call. No file yet: nothing."""
-    path = Path(path)
+    path = check_kind(path)
     try:
         with open(path, "rb") as f:
             f.seek(offset)
@@ -212,6 +246,8 @@ def check_field(path: Path, obj: dict, key: str, kinds: type | tuple[type, ...])
         names = " or ".join(KINDS.get(k, k.__name__) for k in wanted)
         shown = f"{node!r}" if isinstance(node, (int, float)) and not isinstance(node, bool) else _kind(node)
         raise StageError(f"{path}: {key!r} should be {names}, not {shown}")
+    if isinstance(node, float) and not math.isfinite(node):  # json reads NaN and Infinity as floats
+        raise StageError(f"{path}: {key!r} should be a finite number, not {node!r}")
     return node
 
 

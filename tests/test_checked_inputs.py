@@ -117,6 +117,10 @@ SHAPE = {"task": str, "seed": int, "acc": float, "sha256.images": str}
     (b'{"task": "a", "seed": true, "acc": 0.5, "sha256": {"images": "x"}}',
      "m.json: 'seed' should be an integer, not true or false"),
     (b'{"task": "a", "seed": 0, "acc": null, "sha256": {"images": "x"}}', "m.json: 'acc' should be a number, not null"),
+    (b'{"task": "a", "seed": 0, "acc": NaN, "sha256": {"images": "x"}}',
+     "m.json: 'acc' should be a finite number, not nan"),
+    (b'{"task": "a", "seed": 0, "acc": -Infinity, "sha256": {"images": "x"}}',
+     "m.json: 'acc' should be a finite number, not -inf"),
 ])
 def test_read_json_refuses_each_shape_in_one_line(tmp_path, content, message):
     path = tmp_path / "m.json"
@@ -125,6 +129,20 @@ def test_read_json_refuses_each_shape_in_one_line(tmp_path, content, message):
     with pytest.raises(StageError) as err:
         read_json(path, SHAPE)
     assert str(err.value).startswith(str(tmp_path / message)) and "\n" not in str(err.value), err.value
+
+
+@pytest.mark.parametrize("reader", ["json", "params", "hash"])
+def test_a_fifo_in_place_of_an_input_is_one_line_not_a_hang(tmp_path, reader):
+    """A named pipe with no writer blocks open() for good: every reader checks the kind of file first."""
+    import os
+
+    from pipeline.io import sha256_file
+
+    path = tmp_path / "meta.json"
+    os.mkfifo(path)
+    read = {"json": lambda: read_json(path), "params": lambda: load_params(path), "hash": lambda: sha256_file(path)}
+    with pytest.raises((StageError, ConfigError), match=r"meta.json: not a file \(a FIFO \(named pipe\); reading"):
+        read[reader]()
 
 
 def test_wildcard_fields_are_checked_under_every_entry(tmp_path):
@@ -142,8 +160,8 @@ def test_read_json_returns_the_mapping(tmp_path):
     rec = {"task": "a", "seed": 1, "acc": 1, "sha256": {"images": "x"}, "extra": [1]}
     (tmp_path / "m.json").write_text(json.dumps(rec))
     assert read_json(tmp_path / "m.json", SHAPE) == rec
-    with pytest.raises(StageError, match="unreadable"):
-        read_json(tmp_path, SHAPE)  # a folder
+    with pytest.raises(StageError, match=r"not a file \(a folder\)"):
+        read_json(tmp_path, SHAPE)
 
 
 @pytest.mark.parametrize(("metrics", "message"), [
@@ -264,3 +282,14 @@ def test_a_terminated_stage_ends_like_an_interrupted_one():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 143 and done.stderr.strip().splitlines()[-1] == (
         "error: terminated (every output is written whole or not at all; rerun to finish)")
+
+
+def test_a_divergence_names_every_recipe_value_that_can_cause_it():
+    from types import SimpleNamespace
+
+    from pipeline.experiment import _diverged
+
+    params = parse_params(tiny_repo.small_params())
+    says = str(_diverged(FloatingPointError("loss is nan at step 3"), SimpleNamespace(lr=None), params))
+    for key in ("train.recipe.lr", "train.recipe.weight_decay", "warmup_steps", "grad_clip"):
+        assert key in says, says

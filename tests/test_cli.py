@@ -9,6 +9,8 @@ import subprocess
 import pytest
 import tiny_repo
 
+from pipeline import cli
+
 BIAS = str(tiny_repo.VENV_BIN / "bias")
 
 
@@ -36,17 +38,21 @@ def test_run_one_reproduces_the_train_stage_and_records_nothing(copy_reproduced_
     assert tree(repo) == before  # no MLflow run, no DVC output, no checkpoint left behind
 
 
-def test_run_one_refuses_what_the_grid_lacks_in_one_line(make_tiny_repo):
-    repo = make_tiny_repo()
+def test_run_one_refuses_what_the_grid_lacks_in_one_line(tmp_path, monkeypatch, capsys):
+    """Validation only, so in-process (``cli.main``): the console script itself runs in the test above."""
+    tiny_repo.write_params(tmp_path / "params.yaml", tiny_repo.params_with())
+    monkeypatch.chdir(tmp_path)  # run-one reads params.yaml and data/ relative to the repository root
     for args, says in [(("--arch", "vit", "--task", "scale"), "--arch vit --task scale: not a cell"),
                        (("--arch", "vit", "--task", "alignment", "--seed", "9"), "--seed 9: not in train.seeds"),
                        (("--arch", "vit", "--task", "alignment"), "data/tasks/alignment: missing"),
                        (("--arch", "vit", "--task", "alignment", "--steps", "0"), "--steps 0: must be a positive"),
                        (("--arch", "vit", "--task", "alignment", "--lr", "nan"), "--lr nan: must be a positive"),
                        (("--arch", "vit", "--task", "alignment", "--lr", "inf"), "--lr inf: must be a positive")]:
-        proc = bias(repo, "run-one", *args)
-        assert proc.returncode == 2 and proc.stderr.startswith("error: ") and says in proc.stderr, (args, proc.stderr)
-        assert len(proc.stderr.strip().splitlines()) == 1
+        code = cli.main(["run-one", *args])
+        err = capsys.readouterr().err
+        assert code == 2 and err.startswith("error: ") and says in err, (args, err)
+        assert len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]  # nothing written
 
 
 @pytest.mark.slow

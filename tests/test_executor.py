@@ -52,6 +52,14 @@ def interrupt(item: int) -> int:
     return item
 
 
+def lightning_sigterm(item: int) -> int:
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    if item == 2:
+        raise SIGTERMException  # what Lightning's fit loop raises after a SIGTERM
+    return item
+
+
 def raise_value(item: int) -> int:
     if item == 2:
         raise ValueError(f"bad item {item}\nsecond line")
@@ -229,6 +237,15 @@ def test_an_interrupted_run_interrupts_the_stage(workers):
     ends its runs KILLED, resumable, with exit 130), never a RunFailed that would mark the run FAILED."""
     with pytest.raises(KeyboardInterrupt, match="run run2 interrupted"):
         list(map_runs(interrupt, [1, 2, 3], workers=workers, describe=lambda i: f"run{i}"))
+
+
+def test_a_run_terminated_inside_lightning_terminates_the_stage():
+    """SIGTERM during fit comes back from Lightning as SIGTERMException (a SystemExit): the stage sees Terminated
+    (runs KILLED, exit 143, as tests/test_checked_inputs.py runs for real), never a RunFailed."""
+    from pipeline.errors import Terminated
+
+    with pytest.raises(Terminated, match="run run2 terminated"):
+        list(map_runs(lightning_sigterm, [1, 2, 3], workers=1, describe=lambda i: f"run{i}"))
 
 
 def test_a_silent_peer_at_the_scheduler_address_is_one_line(monkeypatch):

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from pipeline.config.params import Params
 from pipeline.errors import ConfigError
+from pipeline.io import check_kind
 
 
 def _format(err: ValidationError) -> str:
@@ -71,8 +72,7 @@ def read_params_text(path: Path) -> str:
     unreadable, binary, not UTF-8)."""
     if not path.exists():
         raise ConfigError(f"{path}: file not found")
-    if not path.is_file():
-        raise ConfigError(f"{path}: not a file (a params file is YAML text)")
+    check_kind(path, error=ConfigError)  # a FIFO would block the read below
     try:
         data = path.read_bytes()
     except OSError as err:

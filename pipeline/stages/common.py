@@ -20,6 +20,7 @@ from pipeline.config import Params, load_params
 from pipeline.errors import ConfigError, StageError, Terminated
 from pipeline.executor import worker_pool
 from pipeline.grid import Folders
+from pipeline.io import check_kind
 from pipeline.pruning import prune
 
 # An output that cannot be written is a user's problem (read-only folder, full disk, size limit), not a bug.
@@ -87,8 +88,8 @@ def _run(fn: Callable[[list[str] | None], None], argv: list[str] | None) -> int:
 def stage_names(root: Path) -> list[str]:
     """Every stage of ``<root>/dvc.yaml`` in file order, ``matrix``/``foreach`` entries expanded from the values
     in ``params.yaml`` and named as DVC names them (``data@scale``)."""
-    spec = yaml.safe_load((root / "dvc.yaml").read_text())
-    params = yaml.safe_load((root / "params.yaml").read_text())
+    spec = yaml.safe_load(check_kind(root / "dvc.yaml").read_text())
+    params = yaml.safe_load(check_kind(root / "params.yaml").read_text())
     names = []
     for name, stage in spec["stages"].items():
         source = stage.get("foreach", next(iter(stage.get("matrix", {}).values()), None))
@@ -109,7 +110,7 @@ def announce_stage() -> None:
         return
     try:
         names = stage_names(Path(root))
-    except (OSError, KeyError, TypeError, AttributeError, yaml.YAMLError):
+    except (OSError, KeyError, TypeError, AttributeError, yaml.YAMLError, StageError):  # load_params says it
         names = []
     where = f"stage {names.index(name) + 1} of {len(names)} (dvc.yaml order)" if name in names else "stage"
     print(f"[{datetime.now():%H:%M:%S}] {where}: {name}", flush=True)
