@@ -33,11 +33,11 @@ repro: $(STAMP)  ## the whole study: dvc repro on params.yaml (about 67 min on 2
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc repro
 
 # Two workers: the CI machine has two cores.
-test: $(STAMP)  ## every test (about 9 min on 2 cores)
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -n 2
+test: $(STAMP)  ## every test, the ten slowest listed at the end
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -n 2 --durations=10
 
 # Between edits: everything that neither runs dvc nor trains (those are marked `slow`; tests/conftest.py).
-test-fast: $(STAMP)  ## the tests that neither train nor run dvc (under a minute)
+test-fast: $(STAMP)  ## the tests that neither train nor run dvc nor start subprocesses
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -n 2 -m "not slow"
 
 lint: $(STAMP)  ## ruff

@@ -79,8 +79,14 @@ def forward_flops(params, models) -> dict[str, int]:
     from pipeline.budget import analytic_forward_flops
     from pipeline.models import solve_width
 
-    k = params.models.reference_classes
-    return {m: analytic_forward_flops(m, params, solve_width(m, params, k), k) for m in models}
+    key = (params.model_dump_json(), tuple(models))  # solving widths builds models: seconds per call
+    if key not in _FLOPS:
+        k = params.models.reference_classes
+        _FLOPS[key] = {m: analytic_forward_flops(m, params, solve_width(m, params, k), k) for m in models}
+    return dict(_FLOPS[key])
+
+
+_FLOPS: dict[tuple[str, tuple[str, ...]], dict[str, int]] = {}
 
 
 def run_table(params, cells: dict[str, dict], scale: dict[str, float] | None = None,

@@ -67,34 +67,3 @@ def test_smoke_runs_the_dag_in_a_copy_and_leaves_the_repository_alone(tmp_path):
     assert after == before
 
 
-@pytest.mark.slow
-def test_profile_runs_beside_the_default_and_leaves_only_its_report(make_tiny_repo):
-    """``bias profile <name>``: the study of params.yaml + profiles/<name>.yaml in .profiles/<name>, its report in
-    reports/<name>/; params.yaml and everything tracked stay as they were, its runs are in their own MLflow
-    experiments with the checkout's commit and the profile's name."""
-    from mlflow.tracking import MlflowClient
-
-    repo = make_tiny_repo()
-    (repo / "profiles/tiny2.yaml").write_text("tracking: {experiment_prefix: bias-tiny2}\ntrain: {seeds: [1]}\n")
-    (repo / "profiles/same.yaml").write_text("train: {seeds: [1]}\n")
-    tiny_repo.git(repo, "add", "profiles/tiny2.yaml", "profiles/same.yaml")
-    tiny_repo.git(repo, "commit", "-q", "-m", "a second profile")
-    head = tiny_repo.git(repo, "rev-parse", "HEAD").strip()
-    have = "large, natural, natural-slice, quick, same, tasks, tiny2"
-    for name, says in [("nope", f"profiles/nope.yaml: no such profile (have: {have})"),
-                       ("same", "profiles/same.yaml: tracking.experiment_prefix 'bias' is the default's")]:
-        proc = bias(repo, "profile", name)
-        assert proc.returncode == 2 and proc.stderr.startswith(f"error: {says}"), proc.stderr
-        assert len(proc.stderr.splitlines()) == 1
-    proc = bias(repo, "profile", "tiny2")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    status = tiny_repo.git(repo, "status", "--porcelain", "--untracked-files=normal").splitlines()
-    assert status == ["?? reports/tiny2/"]
-    for rel in ("README.md", "summary.json", "tables/ledger.csv", "dvc.lock"):
-        assert (repo / "reports/tiny2" / rel).is_file(), rel
-    assert not (repo / "data").exists()  # the default's outputs: none made
-    client = MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}")
-    exp = client.get_experiment_by_name("bias-tiny2-train")
-    runs = client.search_runs([exp.experiment_id])
-    assert runs and {(r.data.tags["profile"], r.data.tags["git_commit"]) for r in runs} == {("tiny2", head)}
-    assert client.get_experiment_by_name("bias-train") is None

@@ -35,7 +35,8 @@ KINDS = [
     ("data", "data@alignment", "generate", ["data/tasks/alignment"]),
     ("slice", "slice@alignment", "slice", ["data/slices/alignment"]),
     ("teacher", "teacher", "teacher", ["data/teachers", "data/ckpt/teachers"]),
-    ("train", "train", "train", ["data/runs", "data/ckpt/train"]),
+    # one architecture's runs (the outputs persist): the stage resumes among finished runs, at a third of the cost
+    ("train", "train", "train", ["data/runs/vit", "data/ckpt/train/vit"]),
     ("report", "report", "report", ["reports/tables", "reports/figures"]),
 ]
 MAX_DELAY_S = 3.0  # the tiny stages run a few seconds after their imports

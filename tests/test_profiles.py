@@ -93,6 +93,10 @@ def test_a_bad_profile_is_refused_before_anything_is_copied(repo, monkeypatch, c
     assert err.startswith("error: profiles/mine.yaml: train.sedes: not a key") and len(err.splitlines()) == 1
     assert cli.main(["profile", "../params"]) == 2  # a name, not a path to any YAML file
     assert capsys.readouterr().err == "error: profiles/../params.yaml: no such profile (have: mine)\n"
+    overlay(repo, "train: {seeds: [1]}\n")  # valid, but its runs would mix with the default's in the store
+    assert cli.main(["profile", "mine"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "error: profiles/mine.yaml: tracking.experiment_prefix 'bias' is the default's")
     assert not (repo / cli.PROFILES).exists()
 
 
