@@ -6,11 +6,13 @@ from __future__ import annotations
 import ast
 import copy
 import json
+import re
 import sys
 from pathlib import Path
 
 import pytest
 import tiny_repo
+import yaml
 
 from pipeline import schemas
 from pipeline.config import SEED_MAX, load_params, parse_params
@@ -293,3 +295,20 @@ def test_a_divergence_names_every_recipe_value_that_can_cause_it():
     says = str(_diverged(FloatingPointError("loss is nan at step 3"), SimpleNamespace(lr=None), params))
     for key in ("train.recipe.lr", "train.recipe.weight_decay", "warmup_steps", "grad_clip"):
         assert key in says, says
+
+
+@pytest.mark.parametrize(("override", "says"), [
+    ({"interface": {"embed_dim": 2**20}}, "interface.embed_dim: 1048576 is too large"),
+    ({"interface": {"pair_counts": {"extra_image_sizes": [2**24]}}},
+     "interface.pair_counts.extra_image_sizes: 16777216 is too large"),
+    ({"evaluation": {"resolution": {"sizes": [16, 2**20]}}}, "evaluation.resolution.sizes: 1048576 is too large"),
+    ({"finetune": {"tasks": ["alignment"], "size": 2**16}}, "finetune.size: 65536 is too large"),
+    ({"models": {"reference_classes": 10**9}}, "models.reference_classes: 1000000000 classes need a head larger"),
+    ({"models": {"resnet": {"layers": [10**6]}}}, "models.resnet.layers: [1000000] are 1000000 blocks"),
+])
+def test_a_key_that_sizes_an_allocation_is_bounded_with_the_params(override, says):
+    """Refused when the params are read, naming the key and the estimate, not as an allocator traceback or
+    minutes of building inside a stage."""
+    raw = tiny_repo.merge(yaml.safe_load((tiny_repo.ROOT / "params.yaml").read_text()), override)
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        parse_params(raw)

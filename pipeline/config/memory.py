@@ -7,6 +7,8 @@ import os
 
 from pipeline.tasks.common import SyntheticParams
 
+MAX_BLOCKS = 1000  # residual blocks of one model (the default has 8)
+
 
 def machine_memory() -> int:
     """Physical memory in bytes (what a size estimate is compared with)."""
@@ -44,7 +46,36 @@ def check_fits_in_memory(params) -> None:
     grid_tokens = max((i.pair_counts.image_size // p) ** 2 for p in i.pair_counts.patch_sizes)
     needs.append(("interface.pair_counts.image_size", i.pair_counts.image_size, grid_tokens**2 // 8,
                   f"a {grid_tokens} x {grid_tokens} token-pair mask"))
+    needs.append(("interface.embed_dim", i.embed_dim, 16 * 12 * i.embed_dim**2 * max(i.depth, 1),
+                  f"{max(i.depth, 1)} ViT blocks of width {i.embed_dim} (12 d^2 parameters each) x 16 bytes"))
+    for size in i.pair_counts.extra_image_sizes:
+        tokens = (size // i.pair_counts.extra_patch_size) ** 2
+        needs.append(("interface.pair_counts.extra_image_sizes", size, tokens**2 // 8,
+                      f"a {tokens} x {tokens} token-pair mask at {size} px"))
+    # a model evaluated or fine-tuned at another size: a batch of float32 images and, per head, the (tokens x
+    # tokens) attention map of one block (the smallest patch any family uses: the geometry's)
+    rt, ft = params.train.runtime, params.finetune
+    sized = [("evaluation.resolution.sizes", s, rt.eval_batch_size) for s in params.evaluation.resolution.sizes]
+    sized += [("finetune.size", ft.size, ft.batch_size)] if ft.tasks else []
+    for key, size, batch in sized:
+        tokens = (size // g.patch_size) ** 2
+        need = 4 * batch * (size**2 * g.channels + tokens**2)
+        needs.append((key, size, need, f"a batch of {batch} images of {size} px and their {tokens} x {tokens} "
+                      "attention map x 4 bytes"))
+    # a classifier head of reference_classes outputs at the narrowest width (1): what no parameter target holds
+    m = params.models
+    needs.append(("models.reference_classes", m.reference_classes, 16 * m.reference_classes,
+                  f"a head of {m.reference_classes} outputs x 16 bytes at width 1"))
     for key, value, need, what in needs:
         if need > have:
             raise ValueError(f"{key}: {value} is too large: {what} take {need / 2**30:.1f} GiB, more than "
                              f"this machine's {have / 2**30:.1f} GiB of memory")
+    if m.reference_classes > m.param_target:  # every class needs at least one weight of the head
+        raise ValueError(f"models.reference_classes: {m.reference_classes} classes need a head larger than "
+                         f"models.param_target {m.param_target}")
+    # building a model is about a millisecond per block and solving its width builds it ~20 times: a depth that
+    # takes minutes before the first step is refused here
+    blocks = sum(m.resnet.layers) if hasattr(m, "resnet") else 0
+    if blocks > MAX_BLOCKS:
+        raise ValueError(f"models.resnet.layers: {m.resnet.layers} are {blocks} blocks; building and solving the "
+                         f"width of a model that deep takes minutes (at most {MAX_BLOCKS} blocks)")
