@@ -164,6 +164,40 @@ def _what(mode: int) -> str:
     return next((name for test, name in SPECIAL if test(mode)), "a special file")
 
 
+def checked_arrays(path: str | Path) -> Path:
+    """``path`` (a ``.npy``, or a ``.npz`` whose members are), once every array header's declared shape and dtype
+    agree with the bytes that follow it, before anything allocates them: a forged or damaged header that
+    declares 2**38 values is one :class:`StageError` line naming the file (and member), not a 2 TiB allocation.
+    Object arrays (pickles) are refused too. A missing file passes: each reader says what a missing input means."""
+    path = check_kind(path)
+    if not path.exists():
+        return path
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as z:
+                for info in z.infolist():
+                    with z.open(info) as f:
+                        _check_header(f, info.file_size, f"{path} ({info.filename})")
+        else:
+            with open(path, "rb") as f:
+                _check_header(f, path.stat().st_size, str(path))
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        raise StageError(f"{path}: unreadable ({type(err).__name__}: {err})") from None
+    return path
+
+
+def _check_header(f, size: int, where: str) -> None:
+    version = np.lib.format.read_magic(f)
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, _, dtype = read(f)
+    if dtype.hasobject:
+        raise StageError(f"{where}: an object array (a pickle), not numbers; regenerate it")
+    declared, held = math.prod(shape) * dtype.itemsize, size - f.tell()
+    if declared != held:
+        raise StageError(f"{where}: unreadable (its header declares {shape} {dtype}, {declared} bytes, but {held} "
+                         "bytes follow: truncated or damaged; regenerate it: dvc repro)")
+
+
 class Unit(float):
     """In a :data:`Shape`: a finite number in [0, 1] (an accuracy, a rate), not just any number."""
 

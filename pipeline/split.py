@@ -16,7 +16,7 @@ import numpy as np
 from pipeline.config import Params
 from pipeline.errors import StageError
 from pipeline.grid import RunSpec
-from pipeline.io import index_sha256, read_json, sha256_bytes
+from pipeline.io import checked_arrays, index_sha256, read_json, sha256_bytes
 from pipeline.schemas import SLICE_MANIFEST, TASK_META
 
 
@@ -43,9 +43,9 @@ def load_split(spec: RunSpec, verify: bool = False) -> tuple[Split, dict]:
             raise StageError(f"{path}: missing (run the data and slice stages: dvc repro)")
     current = files["images"]  # the file being read, named in the error
     try:
-        images = np.load(current, allow_pickle=False)
-        labels = np.load(current := files["labels"], allow_pickle=False)
-        with np.load(current := files["indices"], allow_pickle=False) as z:
+        images = np.load(checked_arrays(current), allow_pickle=False)
+        labels = np.load(checked_arrays(current := files["labels"]), allow_pickle=False)
+        with np.load(checked_arrays(current := files["indices"]), allow_pickle=False) as z:
             indices = {k: z[k] for k in z.files}
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
         raise StageError(f"{current}: unreadable ({type(err).__name__}: {err})") from None

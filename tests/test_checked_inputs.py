@@ -10,6 +10,7 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tiny_repo
 import yaml
@@ -312,3 +313,36 @@ def test_a_key_that_sizes_an_allocation_is_bounded_with_the_params(override, say
     raw = tiny_repo.merge(yaml.safe_load((tiny_repo.ROOT / "params.yaml").read_text()), override)
     with pytest.raises(ConfigError, match=re.escape(says)):
         parse_params(raw)
+
+
+def _forged(shape: tuple[int, ...]) -> bytes:
+    """A .npy whose header declares ``shape`` of uint8 but holds 16 bytes."""
+    import io
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": "|u1", "fortran_order": False, "shape": shape})
+    return buf.getvalue() + bytes(16)
+
+
+def test_an_array_header_is_checked_against_its_bytes_before_anything_allocates(tmp_path):
+    import zipfile
+
+    from pipeline.io import checked_arrays
+
+    ok = tmp_path / "ok.npy"
+    ok.write_bytes(_forged((16,)))
+    assert np.array_equal(np.load(checked_arrays(ok)), np.zeros(16, np.uint8))
+    big = tmp_path / "images.npy"
+    big.write_bytes(_forged((2**38,)))  # 256 GiB declared
+    with pytest.raises(StageError, match=r"images.npy: unreadable \(its header declares \(274877906944,\) uint8"):
+        checked_arrays(big)
+    npz = tmp_path / "indices.npz"
+    with zipfile.ZipFile(npz, "w") as z:
+        z.writestr("test.npy", _forged((16,)))
+        z.writestr("val.npy", _forged((2**38, 8)))
+    with pytest.raises(StageError, match=r"indices.npz \(val.npy\): unreadable \(its header declares"):
+        checked_arrays(npz)
+    pickled = tmp_path / "labels.npy"
+    np.save(pickled, np.array([1, "a"], dtype=object), allow_pickle=True)
+    with pytest.raises(StageError, match="labels.npy: an object array"):
+        checked_arrays(pickled)

@@ -19,7 +19,7 @@ import pandas as pd
 
 from pipeline.errors import StageError
 from pipeline.grid import configured_cells
-from pipeline.io import Shape
+from pipeline.io import Shape, checked_arrays
 from pipeline.io import read_json as read_checked
 from pipeline.schemas import RUN_METRICS, SHORTCUT_FLOORS, TEACHER_PROVENANCE
 
@@ -34,7 +34,7 @@ def read_metrics(root: Path | None, source: str) -> list[dict]:
         pred = path.parent / "predictions.npz"
         k = m.get("num_classes")
         if k is None and pred.exists():  # older runs did not record it
-            with np.load(pred, allow_pickle=False) as z:
+            with np.load(checked_arrays(pred), allow_pickle=False) as z:
                 k = int(z["logits"].shape[1])
         out.append({**m, "source": source, "dir": str(path.parent), "num_classes": k})
     return out
@@ -70,7 +70,7 @@ def read_predictions(folder: str | Path) -> tuple[np.ndarray, np.ndarray] | None
     if not path.exists():
         return None
     try:
-        with np.load(path, allow_pickle=False) as z:
+        with np.load(checked_arrays(path), allow_pickle=False) as z:
             return z["index"], z["logits"]
     except (ValueError, OSError, KeyError) as err:
         raise StageError(f"{path}: unreadable predictions ({type(err).__name__}: {err})") from None
@@ -81,7 +81,7 @@ def read_images(tasks_dir: Path | None, task: str, index: np.ndarray) -> np.ndar
     path = tasks_dir / task / "images.npy" if tasks_dir is not None else None
     if path is None or not path.exists():
         return None
-    return np.asarray(np.load(path, mmap_mode="r", allow_pickle=False)[index])
+    return np.asarray(np.load(checked_arrays(path), mmap_mode="r", allow_pickle=False)[index])
 
 
 def read_pool(tasks_dir: Path | None, slices_dir: Path | None, task: str) -> dict | None:
@@ -89,13 +89,13 @@ def read_pool(tasks_dir: Path | None, slices_dir: Path | None, task: str) -> dic
     None) and the test ``subsets`` (``test``, ``slice/...`` -> pool indices). None when the pool is absent."""
     if tasks_dir is None or not (tasks_dir / task / "labels.npy").exists():
         return None
-    labels = np.load(tasks_dir / task / "labels.npy", allow_pickle=False).astype(np.int64)
+    labels = np.load(checked_arrays(tasks_dir / task / "labels.npy"), allow_pickle=False).astype(np.int64)
     fpath = tasks_dir / task / "factors.csv"
     factors = pd.read_csv(fpath) if fpath.exists() else None
     subsets: dict[str, np.ndarray] = {}
     ipath = (slices_dir / task / "indices.npz") if slices_dir is not None else None
     if ipath is not None and ipath.exists():
-        with np.load(ipath, allow_pickle=False) as z:
+        with np.load(checked_arrays(ipath), allow_pickle=False) as z:
             subsets = {k: z[k] for k in z.files if k == "test" or k.startswith("slice/")}
     return {"labels": labels, "factors": factors, "subsets": subsets}
 

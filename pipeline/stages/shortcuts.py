@@ -16,7 +16,7 @@ import numpy as np
 
 from pipeline.config import load_params
 from pipeline.errors import ConfigError, StageError
-from pipeline.io import sha256_bytes, write_json, write_text
+from pipeline.io import checked_arrays, sha256_bytes, write_json, write_text
 from pipeline.shortcuts import OBJECTS, floors
 from pipeline.stages.common import stage_main
 from pipeline.stages.generate import atomic_dir
@@ -37,7 +37,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def load_split(slices: Path, names: list[str]) -> list[np.ndarray]:
     path = slices / "indices.npz"
     try:
-        with np.load(path) as z:
+        with np.load(checked_arrays(path), allow_pickle=False) as z:
             arrays = {n: z[n] for n in names if n in z.files}
     except (OSError, ValueError, EOFError) as err:
         raise StageError(f"{path}: cannot read the splits ({err or type(err).__name__})") from None
@@ -49,7 +49,7 @@ def load_split(slices: Path, names: list[str]) -> list[np.ndarray]:
 
 def load_optional(slices: Path, names: list[str]) -> dict[str, np.ndarray]:
     """Those of ``names`` the splits hold (the in/out-of-distribution slices exist only for some tasks)."""
-    with np.load(slices / "indices.npz") as z:
+    with np.load(checked_arrays(slices / "indices.npz"), allow_pickle=False) as z:
         return {n: z[n] for n in names if n in z.files}
 
 
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     train, test = load_split(Path(args.slices), [f"train_{params.train.size}", "test"])
     slices = load_optional(Path(args.slices), ["slice/id", "slice/ood"])
     try:
-        images = np.load(data / "images.npy", mmap_mode="r")
+        images = np.load(checked_arrays(data / "images.npy"), mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError) as err:
         raise StageError(f"{data / 'images.npy'}: cannot read ({err})") from None
     if images.dtype != np.uint8 or images.ndim != 4 or len(images) != len(labels):

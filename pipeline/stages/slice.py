@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.errors import ConfigError, StageError
-from pipeline.io import atomic_dir, read_json, save_npz, sha256_bytes, sha256_file, write_json
+from pipeline.io import atomic_dir, checked_arrays, read_json, save_npz, sha256_bytes, sha256_file, write_json
 from pipeline.schemas import TASK_META
 from pipeline.slicing import make_splits, manifest
 from pipeline.stages.common import parse_stage, stage_main
@@ -24,7 +24,7 @@ from pipeline.tasks import TASKS
 def load_task(folder: Path) -> tuple[np.ndarray, pd.DataFrame, dict]:
     meta = read_json(folder / "meta.json", TASK_META)
     try:
-        labels = np.load(folder / "labels.npy")
+        labels = np.load(checked_arrays(folder / "labels.npy"), allow_pickle=False)
         factors = pd.read_csv(folder / "factors.csv", keep_default_na=False)
     except (OSError, ValueError) as err:
         raise StageError(f"{folder}: cannot read the task data ({err})") from None
