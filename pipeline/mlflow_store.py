@@ -4,14 +4,16 @@ lock under which the store and experiments are created."""
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import logging
 import os
+import sqlite3
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 from filelock import FileLock, Timeout
@@ -53,6 +55,8 @@ def tracking_uri(params: Params | None = None, start: str | Path | None = None) 
 
 
 # MLflow's tracking stores (database back ends through SQLAlchemy, or a tracking server).
+# What sqlite says when a write finds no room: the disk is full or a file-size limit (ulimit -f) is reached.
+FULL = ("database or disk is full", "disk I/O error", "File too large")
 STORE_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql")
 
 
@@ -82,6 +86,18 @@ def check_store(params: Params) -> str:
                              "(a fresh store is created)")
         if reason := _unwritable(path):
             raise StageError(f"tracking store {uri}: {reason}")
+        if path.exists() and path.stat().st_size and (damage := _damage(path)):
+            raise StageError(f"{path}: the MLflow store is damaged (sqlite quick_check: {damage}); nothing was "
+                             "written to it: move it aside and rerun (a fresh store is created)")
+    elif scheme in ("postgresql", "mysql", "mssql"):
+        from sqlalchemy.engine import make_url
+
+        try:
+            make_url(uri).get_dialect().import_dbapi()
+        except ModuleNotFoundError as err:
+            raise ConfigError(f"{key}: {scheme} store {uri.split('@')[-1]!r} needs the database driver "
+                              f"{err.name!r}, which is not installed in this environment (pip install it, or use "
+                              "sqlite:///<path>/mlflow.db)") from None
     elif uri.startswith(("http://", "https://")):
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")  # MLflow's default retries for minutes
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
@@ -94,6 +110,18 @@ def check_store(params: Params) -> str:
     with _store_lock(uri):  # a new sqlite store is created here, once
         _client(uri).search_experiments(max_results=1)  # a store MLflow cannot open fails here, before training
     return uri
+
+
+def _damage(path: Path) -> str | None:
+    """What sqlite's ``PRAGMA quick_check`` finds wrong with the store (opened read-only: a damaged store is never
+    written to), else None. Seconds on a large store; a page of garbage in the middle otherwise goes unnoticed
+    until runs have logged into it."""
+    try:
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as con:
+            rows = [r[0] for r in con.execute("PRAGMA quick_check(3)")]
+    except sqlite3.DatabaseError as err:
+        return str(err)
+    return None if rows == ["ok"] else "; ".join(rows)
 
 
 def _unwritable(path: Path) -> str | None:
@@ -132,6 +160,8 @@ def fault_reason(err: BaseException) -> str | None:
         return None if err.error_code in ANSWERS else _first_line(err.message)
     if isinstance(err, (sqlalchemy.exc.SQLAlchemyError, requests.RequestException, OSError, json.JSONDecodeError)):
         line = _first_line(str(err))  # SQLAlchemy's own start "(sqlite3.DatabaseError) ..."
+        if any(says in line for says in FULL) or getattr(err, "errno", None) in (errno.ENOSPC, errno.EFBIG):
+            return f"no room to write (disk full or a file-size limit): {line}"
         return line if line.startswith("(") else f"{type(err).__name__}: {line}"
     return None
 

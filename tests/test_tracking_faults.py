@@ -18,7 +18,7 @@ import tiny_repo
 
 from pipeline import mlflow_store, tracking
 from pipeline.config import Params, parse_params
-from pipeline.errors import StageError
+from pipeline.errors import ConfigError, StageError
 from pipeline.stages.common import stage_main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -218,3 +218,33 @@ def test_answers_about_runs_are_not_store_faults(store):
         assert new != "0" * 32
         run.finish(new)
     tracking.end_stale_run("f" * 32, uri)  # nothing to end: no error
+
+
+def test_garbage_inside_the_store_is_found_before_any_write(store):
+    """Garbage in the middle of mlflow.db once went unnoticed (runs kept logging, exit 0): the stage-start check
+    runs sqlite's quick_check, read-only, and refuses the store untouched."""
+    db, uri, params = store
+    data = bytearray(db.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 8192] = os.urandom(8192)
+    db.write_bytes(bytes(data))
+    with pytest.raises(StageError, match=r"mlflow.db: the MLflow store is damaged \(sqlite quick_check: "):
+        mlflow_store.check_store(params)
+    assert db.read_bytes() == bytes(data)
+
+
+@pytest.mark.parametrize("uri", ["postgresql://bias:secret@db.example/mlflow", "mysql://bias@db.example/mlflow"])
+def test_a_server_store_without_its_driver_is_one_line(uri):
+    with pytest.raises(ConfigError, match=r"tracking.tracking_uri: (postgresql|mysql) store 'db.example/mlflow' "
+                                          r"needs the database driver '\w+', which is not installed") as err:
+        mlflow_store.check_store(params_for(uri))
+    assert "secret" not in str(err.value)  # the password stays out of the message
+
+
+def test_a_full_disk_says_so_and_names_the_store():
+    import sqlalchemy.exc
+
+    full = sqlalchemy.exc.OperationalError("INSERT INTO metrics", {}, sqlite3.OperationalError(
+        "database or disk is full"))
+    assert mlflow_store.fault_reason(full).startswith("no room to write (disk full or a file-size limit): ")
+    assert mlflow_store.fault_reason(OSError(27, "File too large")).startswith("no room to write")
