@@ -87,8 +87,8 @@ def check_store(params: Params) -> str:
         if reason := _unwritable(path):
             raise StageError(f"tracking store {uri}: {reason}")
         if path.exists() and path.stat().st_size and (damage := _damage(path)):
-            raise StageError(f"{path}: the MLflow store is damaged (sqlite quick_check: {damage}); nothing was "
-                             "written to it: move it aside and rerun (a fresh store is created)")
+            raise StageError(f"tracking store {uri}: damaged (sqlite quick_check: {damage}); nothing was written "
+                             f"to it: move {path} aside and rerun (a fresh store is created)")
     elif scheme in ("postgresql", "mysql", "mssql"):
         from sqlalchemy.engine import make_url
 
