@@ -26,7 +26,7 @@ import math
 import pandas as pd
 
 from pipeline.report import aggregate as agg
-from pipeline.report import cells, stats
+from pipeline.report import cells, sequential, stats
 from pipeline.report.contrasts import CONTRASTS, budget_rows, check_margins, plan
 from pipeline.report.gate import gate
 from pipeline.report.measure import collision_rows, measure
@@ -139,23 +139,54 @@ def judge(params, runs: pd.DataFrame, items: cells.Items, floors: dict, disagree
     """The ledger: one row per planned prediction with its measurement, gate, Holm p-values and verdict.
 
     Look 1 judges every row on ``train.seeds``; with a ``seed_plan`` (the ``plan`` stage's, :mod:`.seeds`), look 2
-    judges the rows it continued on the seeds it gave them, and replaces their look-1 line. Each look is one
-    Holm family at :func:`pipeline.report.stats.look_alpha` (column ``look``)."""
+    judges the rows it continued, and replaces their look-1 line (column ``look``). Look 1 is one Holm family at
+    alpha_1 over every row; look 2 one at alpha_2 over every row too (:func:`pipeline.report.stats.look_alphas`),
+    a continued row tested on the combination of look 1 and its new seeds alone, the others at p = 1
+    (:mod:`pipeline.report.sequential`); its estimate and interval are over all its seeds."""
     rp = params.report
     check_margins(CONTRASTS, rp.equivalence_margin)
-    alpha = stats.look_alpha(params)
+    alpha1, alpha2 = stats.look_alphas(params)
     first = _rows(params, runs, items, floors, disagreement, transfer_rates or {}, seed, set(params.train.seeds))
     ip = params.interface
     first += [{**r, "reason": "", "margin": math.nan, "margin_reason": ""}
               for r in collision_rows(collisions, ip.exact_tol, ip.atol)]
-    table = decide(_frame(first), rp, alpha).assign(look=1)
+    table = decide(_frame(first), rp, alpha1).assign(look=1)
     more = {r["id"]: set(r["seeds"]) for r in (seed_plan or {}).get("rows", []) if r["continued"]}
     if more and len(table):
-        second = _rows(params, runs, items, floors, disagreement, transfer_rates or {}, seed, more)
-        again = decide(_frame(second), rp, alpha).assign(look=2)
+        args = (params, runs, items, floors, disagreement, transfer_rates or {}, seed)
+        shown = _frame(_rows(*args, more)).set_index("id")  # every seed: the estimate and interval shown
+        new = _frame(_rows(*args, {i: s - set(params.train.seeds) for i, s in more.items()})).set_index("id")
+        look1 = table.set_index("id")
+        w = sequential.weights(len(params.train.seeds), params.plan.max_seeds)
+        for i in shown.index:
+            shown.loc[i, ["p", "p_tost", "p_out"]] = _combined(look1.loc[i], new.loc[i], w)
+        rest = look1.drop(index=shown.index).reindex(columns=shown.columns).assign(p=1.0, p_tost=1.0, p_out=1.0)
+        # look 2's family is every row: a row not continued is in it with p = 1 (it has no new seeds)
+        again = decide(pd.concat([rest, shown]).reset_index(), rp, alpha2).assign(look=2)
+        again = again[again["id"].isin(shown.index)]
         order = list(table["id"])  # each continued row's look-2 line in place of its look-1 line
         table = pd.concat([table[~table["id"].isin(again["id"])], again]).set_index("id").loc[order].reset_index()
     return table
+
+
+def _up(r) -> bool:
+    """The side a row's directional p is on: the estimate above 0 (paired), the arm above the floor's bound."""
+    return r["acc_a"] > r["floor_bound"] if r["kind"] == "floor" else r["estimate"] > 0
+
+
+def _combined(first, new, w: tuple[float, float]) -> list[float]:
+    """A continued row's look-2 p, p_tost and p_out: the inverse-normal combination (fixed weights ``w``) of its
+    look-1 one-sided p-values and those of its new seeds alone (docs/design.md §4, "Error rates")."""
+    def greater(r) -> float:  # the directional two-sided t p made one-sided ("greater"), by the estimate's side
+        return r["p"] / 2 if _up(r) else 1 - r["p"] / 2
+
+    g = sequential.combine(greater(first), greater(new), w)
+    p = float(min(1.0, 2 * min(g, 1 - g)))
+    if first["kind"] != "paired":
+        return [p, math.nan, math.nan]
+    pc = [sequential.pieces(r["estimate"], r["seed_sd"], r["seeds"], r["margin"]) for r in (first, new)]
+    mem = sequential.combined_members(*pc, w)
+    return [p, float(mem["p_tost"]), float(mem["p_out"])]
 
 
 def _frame(rows: list[dict]) -> pd.DataFrame:

@@ -27,7 +27,7 @@ import pandas as pd
 
 from pipeline.report.cells import main_config, select
 from pipeline.report.gate import UNREACHED, gate
-from pipeline.report.stats import look_alpha, second_look
+from pipeline.report.stats import look_alphas, second_look
 
 
 def extra_seeds(params, n: int) -> list[int]:
@@ -142,7 +142,7 @@ def make_plan(ledger: pd.DataFrame, params, prices: dict[tuple[str, str], float]
             why = f"continued: needs {needed} seeds for power {params.report.power:g} at its look-1 Holm level"
         entry.update(seeds_needed=needed, why=why)
         if why.startswith("continued"):
-            total = max(needed, int(r["seeds"]) + 1)  # at least one more seed than it had
+            total = max(needed, len(first) + 2)  # two new seeds at least: look 2 tests them alone
             entry.update(continued=True, seeds=first + extra_seeds(params, total - len(first)))
             candidates.append((r, entry))
         rows.append(entry)
@@ -151,7 +151,7 @@ def make_plan(ledger: pd.DataFrame, params, prices: dict[tuple[str, str], float]
         for arch in _arms(r) if entry["continued"] else ():
             have = cells.setdefault((r["task"], arch), [])
             cells[(r["task"], arch)] = sorted(set(have) | set(entry["seeds"]) - set(first))
-    return {"enabled": second_look(params), "alpha_per_look": look_alpha(params), "first_seeds": first,
+    return {"enabled": second_look(params), "alpha_per_look": list(look_alphas(params)), "first_seeds": first,
             "max_seeds": cap, "budget": params.plan.budget, "spent_kvit": round(spent, 3), "rows": rows,
             "cells": [{"task": t, "arch": a, "seeds": s} for (t, a), s in sorted(cells.items())]}
 

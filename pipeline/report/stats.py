@@ -26,6 +26,8 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestPower
 from statsmodels.stats.weightstats import ttost_paired
 
+from pipeline.report.sequential import look_levels
+
 
 def _binom_ci(k: int, n: int, level: float, method: str) -> tuple[float, float]:
     if n <= 0:
@@ -213,7 +215,13 @@ def second_look(params) -> bool:
     return params.plan.max_seeds > len(params.train.seeds)
 
 
+def look_alphas(params) -> tuple[float, float]:
+    """(alpha_1, alpha_2): each look's Holm family level, ``1 - report.confidence`` spent linearly in the first
+    look's share of ``plan.max_seeds`` (:func:`pipeline.report.sequential.look_levels`); no second look: (alpha, 0)."""
+    cap = params.plan.max_seeds if second_look(params) else len(params.train.seeds)
+    return look_levels(1 - params.report.confidence, len(params.train.seeds), cap)
+
+
 def look_alpha(params) -> float:
-    """The level of each look's Holm family: half of ``1 - report.confidence`` with a second look, else all."""
-    alpha = 1 - params.report.confidence
-    return alpha / 2 if second_look(params) else alpha
+    """The first look's level (the plan sizes rows at it)."""
+    return look_alphas(params)[0]
