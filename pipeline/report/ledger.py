@@ -59,14 +59,23 @@ def family(t: pd.DataFrame) -> pd.DataFrame:
 
 
 def _needed(r: dict, level: float, margin: float, rp) -> int | None:
-    """Seeds for 80% power (rp.power) in the row's own direction at its Holm level: the directional t is
-    two-sided, so one-sided at level / 2 for "+" and "<="; TOST at the level for "0". The sd is the row's
-    per-seed sd made median-unbiased (:func:`stats.pilot_sd`), so a 3-seed look does not under-ask."""
+    """Seeds for rp.power at the row's Holm level for its smallest effect of interest (``sesoi``, never the
+    observed estimate: a power calculation from the estimate only restates the p-value): one-sided at level / 2
+    for "+" and "<=" (the directional t is two-sided); TOST within the margin at the level for "0", sized for a
+    true difference of 0. The sd is the row's per-seed sd made median-unbiased (:func:`stats.pilot_sd`)."""
     cap, sd = rp.max_seeds, stats.pilot_sd(r["seed_sd"], int(r["seeds"]))
     if r["expect"] == "0":
-        return stats.seeds_for_tost(r["estimate"], margin, sd, level, rp.power, cap)
-    effect = r["estimate"] if r["expect"] == "+" else r["floor_bound"] - (r["acc_a"])
-    return stats.seeds_for_power(effect, sd, level / 2, rp.power, cap)
+        return stats.seeds_for_tost(0.0, margin, sd, level, rp.power, cap)
+    return stats.seeds_for_power(r["sesoi"], sd, level / 2, rp.power, cap)
+
+
+def _detectable(r: dict, level: float, rp) -> float:
+    """The smallest true effect the row had rp.power to detect at its seeds and Holm level (one-sided at level / 2
+    for "+" and "<="; for "0" the smallest margin TOST would show a true 0 inside)."""
+    sd = stats.pilot_sd(r["seed_sd"], int(r["seeds"]))
+    if r["expect"] == "0":
+        return stats.detectable_effect(sd, int(r["seeds"]), level, 1 - (1 - rp.power) / 2)
+    return stats.detectable_effect(sd, int(r["seeds"]), level / 2, rp.power)
 
 
 def _verdict(r: dict, alpha: float) -> str:
@@ -94,7 +103,8 @@ def decide(table: pd.DataFrame, rp, alpha: float | None = None) -> pd.DataFrame:
     has no variance to size from)."""
     alpha = 1 - rp.confidence if alpha is None else alpha
     if table.empty:
-        return table.assign(p_holm=[], p_tost_holm=[], p_out_holm=[], verdict=[], seeds_needed=[], needs_seeds=[])
+        return table.assign(p_holm=[], p_tost_holm=[], p_out_holm=[], verdict=[], seeds_needed=[], detectable=[],
+                            needs_seeds=[])
     t = table.copy().reset_index(drop=True)
     t["decided"] = (t.seeds > 0) & (t.kind != "exact") & (t.reason == "")
     fam = family(t)
@@ -105,7 +115,7 @@ def decide(table: pd.DataFrame, rp, alpha: float | None = None) -> pd.DataFrame:
     for col in ("p", "p_tost", "p_out"):
         t[f"{col}_holm"] = adjusted[col].reindex(t.index) if col in adjusted else math.nan
     t["p_holm"] = t["p_holm"].where(t.expect != "0", t["p_tost_holm"])  # the prediction's own test
-    verdicts, needed = [], []
+    verdicts, needed, detectable = [], [], []
     for i, r in enumerate(t.to_dict("records")):
         if r["seeds"] == 0:
             v = "not run"
@@ -118,15 +128,17 @@ def decide(table: pd.DataFrame, rp, alpha: float | None = None) -> pd.DataFrame:
         member = "p_tost" if r["expect"] == "0" else "p"
         level = levels[member].get(i, math.nan) if member in levels else math.nan
         needed.append(_needed(r, level, r["margin"], rp) if v == "underpowered" else None)
+        detectable.append(_detectable(r, level, rp) if v == "underpowered" else math.nan)
         verdicts.append(v)
     t["verdict"] = verdicts
     t["seeds_needed"] = pd.array(needed, dtype="Int64")
+    t["detectable"] = detectable
     t["needs_seeds"] = [_needs_text(v, n, seeds, rp.max_seeds)
                         for v, n, seeds in zip(verdicts, needed, t.seeds, strict=True)]
     return t.drop(columns=["decided"])
 
 
-COLUMNS = ["id", "finding", "kind", "task", "a", "b", "subset", "expect", "isolates", "margin", "margin_reason",
+COLUMNS = ["id", "finding", "kind", "task", "a", "b", "subset", "expect", "isolates", "margin", "margin_reason", "sesoi",
            "seeds", "items", "estimate", "ci_lo", "ci_hi", "ci_method", "p", "p_tost", "p_out", "seed_sd",
            "item_se", "acc_a", "acc_b", "in_a", "in_b", "learned_a", "learned_b", "learn_at", "chance", "floor",
            "floor_baseline", "floor_lo", "floor_hi", "analytic_floor", "floor_bound", "reason", "exact",
@@ -212,6 +224,7 @@ def _rows(params, runs: pd.DataFrame, items: cells.Items, floors: dict, disagree
         rows.append({"id": row["id"], "finding": row["finding"], "kind": row["kind"], "task": row["task"],
                      "a": row["a"], "b": row["b"], "subset": row["subset"], "expect": row["expect"],
                      "isolates": row["isolates"], "margin": row["margin"], "margin_reason": row["margin_reason"],
+                     "sesoi": row.get("sesoi", row["margin"] if row["margin"] > 0 else rp.equivalence_margin),
                      "exact": False, "max_logit_diff": math.nan, **m, "reason": gate(row, m, rp.ceiling_tol),
                      "context": _context(row, reach, config, disagreement, transfer), "claim": row.get("claim", ""),
                      "detail": ""})

@@ -7,9 +7,9 @@ seed numbers after the first look's, never ``tune.seed``; the ``train_more`` sta
 judges it on them. So does a row whose only reason to be uninformative is a split arm: one whose seeds fall on
 both sides of the learn threshold (2 of 3 learned), which a handful of seeds cannot call a learner or not; it
 continues to ``report.min_seeds_bimodal`` seeds (at most ``plan.max_seeds``), where the gate judges it again.
-The plan reads nothing but the first look's results, so ``dvc repro`` stays deterministic. Each look is one
-Holm family at alpha / 2: the family-wise error over both looks stays at most alpha (a union bound over the two
-families).
+The plan reads nothing but the first look's results, so ``dvc repro`` stays deterministic. A continued row gets
+at least two new seeds: look 2 tests it on a combination of look 1 and its new seeds alone, in a Holm family of every
+row (:mod:`pipeline.report.sequential`), which keeps the family-wise error within alpha whatever the plan picks.
 
 Price: a row's extra seeds cost what its cells' first-look seeds cost, in thousands of ViT-step equivalents (each
 cell's mean steps taken times its model's relative step cost, ``pipeline.families.STEP_COST``, the table the

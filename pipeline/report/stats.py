@@ -193,6 +193,17 @@ def seeds_for_power(effect: float, sd: float, alpha: float, power: float = 0.8, 
     return max(2, math.ceil(float(np.atleast_1d(n)[0])))
 
 
+def detectable_effect(sd: float, seeds: int, alpha: float, power: float = 0.8) -> float:
+    """The smallest true effect a one-sided t test at ``alpha`` on ``seeds`` seeds of per-seed sd ``sd`` detects
+    with ``power`` (statsmodels ``TTestPower``); NaN with fewer than two seeds or no sd."""
+    if seeds < 2 or not sd == sd or not alpha == alpha:
+        return math.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        es = TTestPower().solve_power(nobs=seeds, alpha=alpha, power=power, alternative="larger")
+    return float(np.atleast_1d(es)[0]) * sd
+
+
 def seeds_for_tost(estimate: float, margin: float, sd: float, alpha: float, power: float = 0.8,
                    cap: int = 200) -> int | None:
     """Seeds for TOST within +-margin to reach ``power`` when the true difference is ``estimate``: the nearer
