@@ -31,9 +31,11 @@ RULES = ("union", "combination", "new_only", "single")
 def study_rows(ledger: pd.DataFrame) -> pd.DataFrame:
     """The informative paired rows outside the budget axis, with the anchored effect of their contrast."""
     anchors = {c["id"]: c["anchor"] for c in CONTRASTS}
+    sesoi = {c["id"]: c["sesoi"] for c in CONTRASTS}
     rows = ledger[(ledger.kind == "paired") & (ledger.finding != "budget") & (ledger.verdict != "uninformative")
                   & ledger.seed_sd.notna()].copy()
     rows["anchor"] = [anchors.get(i.rsplit(".", 1)[0], float("nan")) for i in rows.id]
+    rows["sesoi"] = [sesoi.get(i.rsplit(".", 1)[0], m) for i, m in zip(rows.id, rows.margin, strict=True)]
     return rows
 
 
@@ -42,7 +44,8 @@ def scenario(rows: pd.DataFrame, null: bool) -> list[dict]:
     for r in rows.itertuples():
         sesoi = r.anchor if r.anchor == r.anchor else r.margin
         true = (r.margin if r.expect == "0" else 0.0) if null else (0.0 if r.expect == "0" else sesoi)
-        out.append({"id": r.id, "expect": r.expect, "sd": r.seed_sd, "margin": r.margin, "true": true})
+        out.append({"id": r.id, "expect": r.expect, "sd": r.seed_sd, "margin": r.margin, "sesoi": r.sesoi,
+                    "true": true})
     return out
 
 
@@ -57,7 +60,7 @@ def run(ledger: pd.DataFrame, alpha: float, first: int, cap: int, studies: int, 
                      "studies": studies})
         alt = simulate(scenario(rows, False), rule, studies, seed + 1, alpha, first, cap)
         power[rule] = alt["held"]
-    table = rows[["id", "expect", "seed_sd", "margin", "anchor"]].reset_index(drop=True)
+    table = rows[["id", "expect", "seed_sd", "margin", "anchor", "sesoi"]].reset_index(drop=True)
     for rule in RULES:
         table[f"held_{rule}"] = power[rule]
     return pd.DataFrame(fwer), table

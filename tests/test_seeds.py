@@ -66,16 +66,16 @@ def test_a_split_arm_is_continued_not_called_a_non_learner():
                                                                  max_seeds=3))["rows"][0]["continued"]
 
 
-def test_the_plan_continues_informative_underpowered_rows_within_the_cap():
+def test_the_plan_continues_informative_inconclusive_rows_within_the_cap():
     params = params_with({"resnet": ["alignment"], "resnet_s1": ["alignment"], "vit": ["alignment"]}, tune_seed=6)
     led = pd.DataFrame([
-        row("alignment.stride.alignment", "underpowered", 8),
-        {**row("alignment.resnet_vs_vit.alignment", "underpowered", 30), "a": "resnet", "b": "vit"},
+        row("alignment.stride.alignment", "inconclusive", 8),
+        {**row("alignment.resnet_vs_vit.alignment", "inconclusive", 30), "a": "resnet", "b": "vit"},
         row("alignment.antialias.alignment", "held"),
         row("alignment.overlap.alignment", "uninformative", reason="vit_overlap did not learn"),
-        row("alignment.convstem.alignment", "underpowered", None),
-        {**row("budget.vit.alignment.steps4000", "underpowered", 6), "finding": "budget"},
-        {**row("floor.nomix.alignment", "underpowered", 6), "kind": "floor", "a": "nomix", "b": "floor"}])
+        row("alignment.convstem.alignment", "inconclusive", None),
+        {**row("budget.vit.alignment.steps4000", "inconclusive", 6), "finding": "budget"},
+        {**row("floor.nomix.alignment", "inconclusive", 6), "kind": "floor", "a": "nomix", "b": "floor"}])
     plan = seeds.make_plan(led, params)
     by_id = {r["id"]: r for r in plan["rows"]}
     assert set(by_id) == {r for r in led.id if not r.startswith("budget")}  # paired and floor, not budget
@@ -94,13 +94,13 @@ def test_the_plan_continues_informative_underpowered_rows_within_the_cap():
     assert plan["alpha_per_look"] == pytest.approx([0.025, 0.025])  # linear spending: 5 of 10 seeds
     off = seeds.make_plan(led, params_with({"resnet": ["alignment"]}, max_seeds=5))
     assert not off["enabled"] and off["cells"] == [] and off["alpha_per_look"] == pytest.approx([0.05, 0.0])
-    # a row underpowered although it asks for no more seeds than it has still gets two more (a t test on them)
-    assert seeds.make_plan(pd.DataFrame([row("x.y.alignment", "underpowered", 3)]), params)["rows"][0][
+    # a row inconclusive although it asks for no more seeds than it has still gets two more (a t test on them)
+    assert seeds.make_plan(pd.DataFrame([row("x.y.alignment", "inconclusive", 3)]), params)["rows"][0][
         "seeds"] == [0, 1, 2, 3, 4, 5, 7]
 
 
 def test_the_second_look_judges_the_continued_row_on_its_seeds_in_its_own_family():
-    """At 5 seeds the row is underpowered at alpha_1 (0.025: 5 of plan.max_seeds 10); the plan gives it 10; look 2
+    """At 5 seeds the row is inconclusive at alpha_1 (0.025: 5 of plan.max_seeds 10); the plan gives it 10; look 2
     decides it on the combination of look 1 and its 5 new seeds (Holm at alpha_2 over every row) and replaces its
     look-1 line, showing the estimate over all 10; the other rows keep look 1."""
     ood = np.arange(0, N, 4)
@@ -123,7 +123,7 @@ def test_the_second_look_judges_the_continued_row_on_its_seeds_in_its_own_family
     alone = pd.DataFrame([{**two.to_dict(), "id": two.name}]).reindex(columns=ledger.COLUMNS).assign(reason="")
     assert ledger.decide(alone, params.report, 0.025).p_holm.iloc[0] == pytest.approx(two.p_holm)
     # the data: +0.03 on 100 unseen items per seed; 5 seeds miss alpha/2 after Holm, 10 decide it
-    assert (one.verdict, two.verdict) == ("underpowered", "held") and 0.025 < one.p_holm < 0.05
+    assert (one.verdict, two.verdict) == ("inconclusive", "held") and 0.025 < one.p_holm < 0.05
 
 
 def test_train_more_trains_the_plans_cells_at_their_new_seeds_only(tmp_path):
@@ -146,10 +146,10 @@ def test_a_budget_buys_the_cheapest_rows_first_and_prices_a_shared_cell_once():
     14; stride (3 extra of resnet_s1: 21) does not and stays at its first look, its price and the budget left
     said. Without a budget every row continues, each priced beyond what a cheaper row bought."""
     params = params_with({a: ["alignment"] for a in ("resnet", "resnet_s1", "vit", "convmixer")}, seeds_=(0, 1, 2))
-    led = pd.DataFrame([row("alignment.stride.alignment", "underpowered", 6, seeds_=3),
-                        {**row("alignment.resnet_vs_vit.alignment", "underpowered", 6, seeds_=3), "b": "vit",
+    led = pd.DataFrame([row("alignment.stride.alignment", "inconclusive", 6, seeds_=3),
+                        {**row("alignment.resnet_vs_vit.alignment", "inconclusive", 6, seeds_=3), "b": "vit",
                          "a": "resnet"},
-                        {**row("alignment.patchify_conv.alignment", "underpowered", 6, seeds_=3), "a": "resnet",
+                        {**row("alignment.patchify_conv.alignment", "inconclusive", 6, seeds_=3), "a": "resnet",
                          "b": "convmixer"}])
     prices = {("alignment", "resnet"): 2.0, ("alignment", "resnet_s1"): 7.0, ("alignment", "vit"): 1.0,
               ("alignment", "convmixer"): 1.0}
@@ -196,8 +196,8 @@ def test_a_budget_replay_counts_its_ledger_and_prices_with_the_studys_runs():
     def line(id_, verdict, look=1, kind="paired"):
         return {"id": id_, "kind": kind, "finding": id_.split(".")[0], "verdict": verdict, "look": look}
 
-    led = pd.DataFrame([line("a.x.t", "held", 2), line("a.y.t", "underpowered"), line("a.z.t", "held"),
-                        line("floor.f.t", "underpowered", kind="floor"), line("a.u.t", "uninformative")])
+    led = pd.DataFrame([line("a.x.t", "held", 2), line("a.y.t", "inconclusive"), line("a.z.t", "held"),
+                        line("floor.f.t", "inconclusive", kind="floor"), line("a.u.t", "uninformative")])
     study = pd.DataFrame([line("a.x.t", "held", 2), line("a.y.t", "held", 2), line("a.z.t", "held"),
                           line("floor.f.t", "held", 2, kind="floor"), line("a.u.t", "uninformative")])
     more = pd.DataFrame([{"task": "t", "arch": "p", "seed": 3, "minutes": 1.5, "at_look1_speed": 1.0},

@@ -80,10 +80,10 @@ def test_holm_textbook_example():
     ("+", 0.05, 0.001, 1.0, math.nan, "held"),
     ("+", -0.05, 0.001, 1.0, math.nan, "failed"),  # significant, the wrong way
     ("+", 0.002, 0.6, 0.01, math.nan, "equivalent"),  # TOST within the margin: no effect
-    ("+", 0.05, 0.2, 0.9, math.nan, "underpowered"),
+    ("+", 0.05, 0.2, 0.9, math.nan, "inconclusive"),
     ("0", 0.001, 0.01, 0.01, 1.0, "held"),
     ("0", 0.2, 0.01, 1.0, 0.001, "failed"),  # outside the margin, significantly
-    ("0", 0.01, 0.5, 0.3, 0.4, "underpowered"),
+    ("0", 0.01, 0.5, 0.3, 0.4, "inconclusive"),
 ])
 def test_verdicts(expect, estimate, p_holm, p_tost_holm, p_out_holm, verdict):
     from pipeline.report.ledger import _verdict
@@ -94,7 +94,7 @@ def test_verdicts(expect, estimate, p_holm, p_tost_holm, p_out_holm, verdict):
 
 
 @pytest.mark.parametrize("acc, p_holm, verdict", [(0.4, 0.001, "held"), (0.9, 0.001, "failed"),
-                                                   (0.55, 0.3, "underpowered")])
+                                                   (0.55, 0.3, "inconclusive")])
 def test_floor_verdicts_use_the_floor_bound(acc, p_holm, verdict):
     from pipeline.report.ledger import _verdict
 

@@ -15,7 +15,7 @@ item-level results; this module decides and orders them:
   twin pairs is exactly 0.5).
 
 One Holm family holds every decision test of the decided rows (:func:`family`); each row ends held / failed /
-equivalent / uninformative / underpowered (with the seeds needed for the target power) -- or "not run" when
+equivalent / uninformative / inconclusive (with the seeds needed for the target power) -- or "not run" when
 its runs are missing.
 """
 
@@ -31,7 +31,10 @@ from pipeline.report.contrasts import CONTRASTS, budget_rows, check_margins, pla
 from pipeline.report.gate import gate
 from pipeline.report.measure import collision_rows, measure
 
-VERDICTS = ("held", "failed", "equivalent", "uninformative", "underpowered", "not run")
+# held: the predicted direction, significant; failed: significant the other way (a "+" or "<=" row); not
+# equivalent: a "0" row's interval outside its margin (significant); equivalent: TOST within the margin (a "+" row;
+# a "0" row's TOST is its "held"); inconclusive: none of these, with the smallest effect it could have detected.
+VERDICTS = ("held", "failed", "not equivalent", "equivalent", "uninformative", "inconclusive", "not run")
 # The README's findings, in this order (at most five are shown).
 FINDINGS = ("alignment", "arrangement", "relation", "distillation", "natural", "scale", "budget", "collisions",
             "floors")
@@ -79,17 +82,18 @@ def _detectable(r: dict, level: float, rp) -> float:
 
 
 def _verdict(r: dict, alpha: float) -> str:
-    """held / failed / equivalent / underpowered from the row's Holm-adjusted p-values (see :func:`family`)."""
+    """held / failed / not equivalent / equivalent / inconclusive from the row's Holm-adjusted p-values (see
+    :func:`family`)."""
     if r["expect"] == "0":
-        return "held" if r["p_tost_holm"] < alpha else "failed" if r["p_out_holm"] < alpha else "underpowered"
+        return "held" if r["p_tost_holm"] < alpha else "not equivalent" if r["p_out_holm"] < alpha else "inconclusive"
     if r["p_holm"] < alpha:
         above = r["estimate"] > 0 if r["expect"] == "+" else r["acc_a"] > r["floor_bound"]
         return ("failed" if above else "held") if r["expect"] == "<=" else ("held" if above else "failed")
-    return "equivalent" if r["expect"] == "+" and r["p_tost_holm"] < alpha else "underpowered"
+    return "equivalent" if r["expect"] == "+" and r["p_tost_holm"] < alpha else "inconclusive"
 
 
 def _needs_text(verdict: str, needed: int | None, seeds: int, cap: int) -> str:
-    if verdict != "underpowered":
+    if verdict != "inconclusive":
         return ""
     if seeds < 2:
         return "2+ (one seed: no seed-level variance to size from)"
@@ -98,7 +102,7 @@ def _needs_text(verdict: str, needed: int | None, seeds: int, cap: int) -> str:
 
 def decide(table: pd.DataFrame, rp, alpha: float | None = None) -> pd.DataFrame:
     """One Holm family at ``alpha`` (default ``1 - rp.confidence``) over every decision test of the decided rows
-    (those that ran, are not exact and have no gate ``reason``), each row's verdict and, if underpowered, the
+    (those that ran, are not exact and have no gate ``reason``), each row's verdict and, if inconclusive, the
     seeds needed for rp.power at its Holm level (``needs_seeds`` as text: capped at ">max_seeds"; a one-seed row
     has no variance to size from)."""
     alpha = 1 - rp.confidence if alpha is None else alpha
@@ -127,8 +131,8 @@ def decide(table: pd.DataFrame, rp, alpha: float | None = None) -> pd.DataFrame:
             v = _verdict(r, alpha)
         member = "p_tost" if r["expect"] == "0" else "p"
         level = levels[member].get(i, math.nan) if member in levels else math.nan
-        needed.append(_needed(r, level, r["margin"], rp) if v == "underpowered" else None)
-        detectable.append(_detectable(r, level, rp) if v == "underpowered" else math.nan)
+        needed.append(_needed(r, level, r["margin"], rp) if v == "inconclusive" else None)
+        detectable.append(_detectable(r, level, rp) if v == "inconclusive" else math.nan)
         verdicts.append(v)
     t["verdict"] = verdicts
     t["seeds_needed"] = pd.array(needed, dtype="Int64")
@@ -138,8 +142,8 @@ def decide(table: pd.DataFrame, rp, alpha: float | None = None) -> pd.DataFrame:
     return t.drop(columns=["decided"])
 
 
-COLUMNS = ["id", "finding", "kind", "task", "a", "b", "subset", "expect", "isolates", "margin", "margin_reason", "sesoi",
-           "seeds", "items", "estimate", "ci_lo", "ci_hi", "ci_method", "p", "p_tost", "p_out", "seed_sd",
+COLUMNS = ["id", "finding", "kind", "task", "a", "b", "subset", "expect", "isolates", "margin", "margin_reason",
+           "sesoi", "seeds", "items", "estimate", "ci_lo", "ci_hi", "ci_method", "p", "p_tost", "p_out", "seed_sd",
            "item_se", "acc_a", "acc_b", "in_a", "in_b", "learned_a", "learned_b", "learn_at", "chance", "floor",
            "floor_baseline", "floor_lo", "floor_hi", "analytic_floor", "floor_bound", "reason", "exact",
            "max_logit_diff", "context", "claim", "detail"]

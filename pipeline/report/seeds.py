@@ -1,7 +1,7 @@
 """Sequential seeds: the second look's plan, a function of the first look's ledger (docs/design.md §4).
 
 Look 1 judges every ledger row on ``train.seeds``. A paired or floor row outside the budget axis that is
-informative (its gate passed) but underpowered, and whose power calculation asks for at most ``plan.max_seeds``
+informative (its gate passed) but inconclusive, and whose power calculation asks for at most ``plan.max_seeds``
 seeds, continues: its cells (both arms of a paired row, the one of a floor row) get seeds up to that count (new
 seed numbers after the first look's, never ``tune.seed``; the ``train_more`` stage trains them), and look 2
 judges it on them. So does a row whose only reason to be uninformative is a split arm: one whose seeds fall on
@@ -129,7 +129,7 @@ def make_plan(ledger: pd.DataFrame, params, prices: dict[tuple[str, str], float]
                              for x in ("a", "b") if r[x] in split)
             why = (f"continued: {arms}; its gate is judged again on {needed} seeds (report.min_seeds_bimodal "
                    f"{params.report.min_seeds_bimodal}, at most plan.max_seeds)")
-        elif r["verdict"] != "underpowered":
+        elif r["verdict"] != "inconclusive":
             why = (f"uninformative at look 1: {r['reason']}" if r["verdict"] == "uninformative"
                    else f"{r['verdict']} at look 1" if r["verdict"] != "not run" else "not run")
         elif not second_look(params):

@@ -11,9 +11,10 @@ non-continued rows' p = 1 is super-uniform too; so each look's Holm family is va
 selection, and the union bound gives alpha over both. The previous rule (Holm at alpha / 2 over only the continued
 rows, on all their seeds) is neither: the family was chosen by look 1 and reused its seeds.
 
-:func:`simulate` replays either rule on normal per-seed differences (rows given by their expect, per-seed sd, margin
-and true difference), with the plan's continuation rule as implemented (post-hoc: seeds for ``power`` from the
-observed estimate at the row's look-1 Holm level, continued when at most the cap) -- vectorised over studies.
+:func:`simulate` replays either rule on normal per-seed differences (rows given by their expect, per-seed sd, margin,
+smallest effect of interest and true difference), with the plan's continuation rule (an undecided row continues
+when the seeds for ``power`` at its look-1 Holm level fit the cap; sized for its ``sesoi`` under the rules in
+force, for the observed estimate under the previous one) -- vectorised over studies.
 """
 
 from __future__ import annotations
@@ -118,14 +119,20 @@ def _family(mem: dict, zero: np.ndarray, alpha: float) -> tuple[dict, np.ndarray
     return out, lev[..., :r]
 
 
-def _needed(mean, sd, n, margin, zero, level, power: float, cap: int) -> np.ndarray:
+def _needed(mean, sd, n, margin, zero, level, power: float, cap: int, sesoi=None) -> np.ndarray:
     """The plan's seeds for ``power`` (the ledger's ``_needed``: pilot sd, one-sided at level / 2 for "+", TOST at
-    the level for "0"), the first n in 2..cap that reaches it; cap + 1 when none does."""
+    the level for "0"), the first n in 2..cap that reaches it; cap + 1 when none does. With ``sesoi`` (the rule in
+    force) a "+" row is sized for it and a "0" row for a true 0 inside its margin; without it (the previous rule)
+    for the observed estimate."""
     df = np.maximum(n - 1, 1)
     pilot = sd * np.sqrt(df / stats.chi2.ppf(0.5, df))
-    effect = np.where(zero, margin - np.abs(mean), mean)
     alpha = np.where(zero, level, level / 2)
-    target = power  # an estimate is never exactly 0 here, where the ledger asks 1 - (1 - power) / 2
+    if sesoi is None:
+        effect = np.where(zero, margin - np.abs(mean), mean)
+        target = power  # an estimate is never exactly 0 here, where the ledger asks 1 - (1 - power) / 2
+    else:
+        effect = np.broadcast_to(np.where(zero, margin, sesoi), mean.shape)
+        target = np.where(zero, 1 - (1 - power) / 2, power)
     out = np.full(mean.shape, cap + 1)
     with np.errstate(all="ignore"):
         es = effect / pilot
@@ -159,6 +166,7 @@ def simulate(rows: list[dict], rule: str, studies: int, seed: int, alpha: float 
     sd = np.array([r["sd"] for r in rows], dtype=float)
     margin = np.array([r["margin"] for r in rows], dtype=float)
     true = np.array([r["true"] for r in rows], dtype=float)
+    sesoi = np.array([r.get("sesoi", r["margin"]) for r in rows], dtype=float)
     x = true[:, None] + sd[:, None] * rng.standard_normal((studies, len(rows), cap))
     shape = (studies, len(rows))
     m1, s1, n1 = _summary(x, np.zeros(shape, int), np.full(shape, first))
@@ -168,7 +176,7 @@ def simulate(rows: list[dict], rule: str, studies: int, seed: int, alpha: float 
     adj1, lev1 = _family(mem1, zero, a1)
     v = _verdicts(mem1, adj1, zero, a1)
     if rule != "single":
-        needed = _needed(m1, s1, n1, margin, zero, lev1, power, cap)
+        needed = _needed(m1, s1, n1, margin, zero, lev1, power, cap, None if rule == "union" else sesoi)
         cont = (v == 0) & (needed <= cap)
         total = np.maximum(needed, first + (1 if rule == "union" else 2))  # the new rules test >= 2 new seeds alone
         if rule in ("union", "new_only"):  # look 2's family: the continued rows only
