@@ -2,7 +2,8 @@
 
     python -m bench.sequential_fwer [--ledger reports/tables/ledger.csv] [--studies 20000] [--out reports/tables]
 
-Rows: the ledger's informative paired rows outside the budget axis (their expect, per-seed sd and margin); the
+Rows: the ledger's informative paired rows outside the budget axis (their expect and per-seed sd; margin and
+smallest effect of interest from contrasts.csv); the
 params' alpha, first-look seeds and ``plan.max_seeds``; the plan's continuation rule as implemented
 (:func:`pipeline.report.sequential.simulate`). Global null: every "+" row at 0, every "0" row at its margin (a wrong
 verdict is any held or failed). Power: every "+" row at its anchored effect (the margin where it has none), every
@@ -35,6 +36,8 @@ def study_rows(ledger: pd.DataFrame) -> pd.DataFrame:
     rows = ledger[(ledger.kind == "paired") & (ledger.finding != "budget") & (ledger.verdict != "uninformative")
                   & ledger.seed_sd.notna()].copy()
     rows["anchor"] = [anchors.get(i.rsplit(".", 1)[0], float("nan")) for i in rows.id]
+    margins = {c["id"]: c["margin"] for c in CONTRASTS}  # contrasts.csv's, which may be newer than the study's
+    rows["margin"] = [margins.get(i.rsplit(".", 1)[0], m) for i, m in zip(rows.id, rows.margin, strict=True)]
     rows["sesoi"] = [sesoi.get(i.rsplit(".", 1)[0], m) for i, m in zip(rows.id, rows.margin, strict=True)]
     return rows
 
