@@ -66,7 +66,7 @@ def verdict_changes(default: pd.DataFrame, quick: pd.DataFrame) -> list[str]:
     both = default.set_index("id")[["verdict"]].join(
         quick.set_index("id")[["verdict"]].rename(columns={"verdict": "verdict_quick"}), how="inner")
     same = both.verdict == both.verdict_quick
-    decided = {"held", "failed", "equivalent"}
+    decided = {"held", "failed", "not equivalent", "equivalent"}
     lost = both[~same & both.verdict.isin(decided) & ~both.verdict_quick.isin(decided)]
     flipped = both[~same & both.verdict.isin(decided) & both.verdict_quick.isin(decided)]
     gained = both[~same & ~both.verdict.isin(decided) & both.verdict_quick.isin(decided)]

@@ -24,7 +24,8 @@ from pipeline.io import read_json, write_text
 from pipeline.report import ledger, markdown, pages, seeds, sources
 from pipeline.schemas import SEED_PLAN
 
-DECIDED = ("held", "failed", "equivalent")  # verdicts that answer a row's question (pipeline.report.markdown)
+# verdicts that answer a row's question (pipeline.report.markdown)
+DECIDED = ("held", "failed", "not equivalent", "equivalent")
 
 
 def inputs(repo: Path, params, more: bool):

@@ -187,7 +187,7 @@ def render_quick(quick: dict | None, default: dict | None, quick_summary: dict |
 
         lines += ["", f"What it decides: ledger verdicts at this profile: {counts(quick_summary)}; at the default "
                   f"(`reports/summary.json`): {counts(summary)}. Fewer seeds and no extra axes leave more "
-                  "contrasts underpowered or not run; the default study is the one that decides (a verdict this "
+                  "contrasts inconclusive or not run; the default study is the one that decides (a verdict this "
                   "profile reaches that the default leaves undecided is not confirmed by it)."]
     if ledgers is not None:
         lines += ["", *verdict_changes(*ledgers)]

@@ -116,7 +116,7 @@ def cell_costs(runs: pd.DataFrame) -> dict[str, dict]:
 
 def cost_by_cell(runs: pd.DataFrame, ledger: pd.DataFrame) -> pd.DataFrame:
     """Per ``(arch, task)`` cell: its runs' worker-minutes (tune, train and second look together), the paired and
-    floor ledger rows it is an arm of, and how many of those are informative (decided or underpowered, not
+    floor ledger rows it is an arm of, and how many of those are informative (decided or inconclusive, not
     "uninformative" or "not run"). A cell with no informative row is paid for only by a figure or by nothing."""
     rows = ledger[ledger.kind.isin(["paired", "floor"])]
     arms = pd.concat([rows.assign(arch=rows.a), rows.assign(arch=rows.b)])
@@ -132,12 +132,13 @@ def cost_by_cell(runs: pd.DataFrame, ledger: pd.DataFrame) -> pd.DataFrame:
 
 def seeds_by_row(ledger: pd.DataFrame) -> pd.DataFrame:
     """The seeds each paired and floor ledger row was judged on, the look that judged it (2: the plan continued
-    it) and its verdict, with what its power calculation still asks for where it stayed underpowered."""
+    it) and its verdict, with what its power calculation still asks for where it stayed inconclusive."""
     rows = ledger[ledger.kind.isin(["paired", "floor"])]
     cols = [c for c in ["id", "verdict", "seeds", "look", "needs_seeds"] if c in rows]
     table = rows[cols].copy()
     if "needs_seeds" in table:
-        table["needs_seeds"] = table.needs_seeds.where(table.verdict == "underpowered")
+        # "underpowered": the name in ledgers written before 2026-12-06
+        table["needs_seeds"] = table.needs_seeds.where(table.verdict.isin(("inconclusive", "underpowered")))
     return table.reset_index(drop=True)
 
 
@@ -284,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{looks.get(2, 0)} continued by the plan to a second (docs/design.md §4, sequential seeds). The "
                   f"first look (teacher, tune, train) took {first:.1f} worker-minutes of the stages, the second "
                   f"(`train_more`) {by_stage.get('train_more', 0.0) / 60:.1f}. `needs_seeds`: what the power "
-                  f"calculation asks for where a row stayed underpowered.", "",
+                  f"calculation asks for where a row stayed inconclusive.", "",
                   seeds.fillna({"needs_seeds": ""}).to_markdown(index=False, floatfmt=".0f"), ""]
     if others:
         lines += ["## Profiles", "",

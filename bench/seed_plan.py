@@ -1,9 +1,9 @@
-"""Seeds where the power calculation asks for them: does a profile give every underpowered ledger row its seeds?
+"""Seeds where the power calculation asks for them: does a profile give every inconclusive ledger row its seeds?
 
     python -m bench.seed_plan [--ledger reports/tables/ledger.csv] [--params profiles/large.yaml] [--check]
 
 Reads the committed study's ledger (``seeds_needed``: the report's power calculation at the row's Holm-adjusted
-alpha, pipeline/report/ledger.py) and counts the seeds the profile trains for each underpowered row's arms: the
+alpha, pipeline/report/ledger.py) and counts the seeds the profile trains for each inconclusive row's arms: the
 main-budget seeds of both arms of a paired row, of the one arm of a floor row, and of the arch under both budgets
 of a budget row (``budget.<arch>.<task>.<mode><steps>``). Prints the ``train.grids`` entries that would supply
 what is missing (YAML); ``--write`` replaces the profile's ``power_*`` grids with them (comments kept): in an
@@ -47,6 +47,9 @@ def seeds_of(params, arch: str, task: str, steps: int | None = None, mode: str |
             == (task, t.size, steps, mode, 0)}
 
 
+UNDECIDED = ("inconclusive", "underpowered")  # "underpowered": its name in ledgers written before 2026-12-06
+
+
 def arms(row: pd.Series) -> list[tuple[str, int | None, str | None]]:
     """(arch, steps, mode) of each arm the row's seeds are counted on (None: the main budget)."""
     if m := BUDGET_ID.match(row["id"]):
@@ -55,9 +58,9 @@ def arms(row: pd.Series) -> list[tuple[str, int | None, str | None]]:
 
 
 def plan(ledger: pd.DataFrame, params) -> pd.DataFrame:
-    """Per underpowered row: the seeds it needs, the seeds the profile gives its arms (the fewest), missing."""
+    """Per inconclusive row: the seeds it needs, the seeds the profile gives its arms (the fewest), missing."""
     rows = []
-    for _, row in ledger[ledger.verdict == "underpowered"].iterrows():
+    for _, row in ledger[ledger.verdict.isin(UNDECIDED)].iterrows():
         given = min(len(seeds_of(params, arch, row["task"], steps, mode)) for arch, steps, mode in arms(row))
         needed = None if pd.isna(row["seeds_needed"]) else int(row["seeds_needed"])
         rows.append({"id": row["id"], "needs": row["needs_seeds"], "needed": needed, "given": given,
@@ -120,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                 apply_overrides(work, [f"~train.grids.{g}" for g in stale])
         params = load_params(work)
         table = plan(ledger, params)
-        print(table.to_markdown(index=False) if len(table) else "no underpowered row")
+        print(table.to_markdown(index=False) if len(table) else "no inconclusive row")
         needed = grids(ledger, table, params)
         if needed:
             print(f"\n# train.grids entries {args.params} lacks:")

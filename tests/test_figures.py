@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _ledger(**extra) -> pd.DataFrame:
     rows = [("alignment.stride.alignment", "alignment", "paired", 0.70, 0.61, 0.79, "held"),
-            ("alignment.convstem.alignment", "alignment", "paired", 0.02, -0.002, 0.05, "underpowered"),
+            ("alignment.convstem.alignment", "alignment", "paired", 0.02, -0.002, 0.05, "inconclusive"),
             ("relation.shift.relation", "relation", "paired", 0.0, 0.0, 0.0, "uninformative"),
             ("floor.nomix.scale", "floors", "floor", -0.08, -0.10, -0.06, "held"),
             ("exact.vit_nopos.twins", "arrangement", "exact", np.nan, np.nan, np.nan, "held")]
@@ -54,7 +54,7 @@ def test_ledger_figure_groups_rows_and_greys_the_uninformative(tmp_path):
     lines = {ln.get_xydata()[0][1]: ln for ln in ax.get_lines() if ln.get_marker() in ("o", "X", "D")}  # not caps
     assert len(lines) == 4
     hollow = [ln for ln in lines.values() if mcolors.to_hex(ln.get_markerfacecolor()) == "#ffffff"]
-    assert len(hollow) == 2  # underpowered and uninformative decide nothing: hollow
+    assert len(hollow) == 2  # inconclusive and uninformative decide nothing: hollow
     assert any(mcolors.to_hex(ln.get_color()).upper() == fig.VERDICT_STYLE["uninformative"]["color"] for ln in hollow)
     text = " ".join(t.get_text() for t in _texts(figure))
     assert "uninformative: both arms at ceiling" in text and "needs >200 seeds" in text

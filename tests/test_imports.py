@@ -36,8 +36,8 @@ LAYERS = (
                          "experiment")),
     ("beside the runs", ("shortcuts", "interface/", "finetune")),
     ("the report", tuple(f"report/{m}" for m in (
-        "sources", "stats", "aggregate", "cells", "learnability", "contrasts", "gate", "measure", "ledger", "seeds",
-        "markdown", "figures", "dvc_plots", "natural", "finetune", "collisions", "pages"))),
+        "sources", "sequential", "stats", "aggregate", "cells", "learnability", "contrasts", "gate", "measure",
+        "ledger", "seeds", "markdown", "figures", "dvc_plots", "natural", "finetune", "collisions", "pages"))),
     ("entry points", ("stages/", "cli")),
 )
 

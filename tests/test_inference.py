@@ -270,12 +270,12 @@ def test_learned_arms_are_decided_in_one_family():
             "floor_hi", "analytic_floor", "in_a", "in_b", "item_se"} <= set(led.columns)
 
 
-def test_one_seed_rows_are_underpowered_without_an_invented_number():
+def test_one_seed_rows_are_inconclusive_without_an_invented_number():
     ood = np.arange(0, N, 4)
     runs, items = _tiny("alignment", {"resnet": 0.97, "vit": 0.85}, {"slice/ood": ood}, seeds=1)
     led = ledger.judge(_params({"resnet": ["alignment"], "vit": ["alignment"]}), runs, items, {}, {}, 0)
     row = led.set_index("id").loc["alignment.resnet_vs_vit.alignment"]
-    assert row.verdict == "underpowered" and row.needs_seeds.startswith("2+ (one seed")
+    assert row.verdict == "inconclusive" and row.needs_seeds.startswith("2+ (one seed")
     assert np.isnan(row.ci_lo) and np.isnan(row.p) and pd.isna(row.seeds_needed)
 
 
@@ -344,6 +344,7 @@ def test_an_agreement_row_scores_the_students_against_their_teacher():
                                                    ("deit_vit_relabel", {"targets": "relabel"}))}
     raw["report"]["bootstrap_samples"] = 200
     raw["tasks"]["alignment"]["transfer_n"] = 100  # the students' transfer set (here only its name matters)
+    raw["train"]["seeds"], raw["plan"]["max_seeds"] = list(range(5)), 5  # one look at the whole alpha
     led = ledger.judge(parse_params(raw), pd.DataFrame(rows), items, {}, {}, 0)
     row = led.set_index("id").loc["distill.inherit.alignment"]
     assert row["items"] == len(ood) // 2 and row.acc_a == 1.0 and 0.3 < row.acc_b < 0.7

@@ -130,24 +130,24 @@ def test_held_lead_with_an_unexplained_informative_failure_is_contradicted():
     assert st["uninformative"] == ["alignment.antialias.alignment"]  # flagged: never contradicts
 
 
-def test_uninformative_or_underpowered_lead_is_undecided():
+def test_uninformative_or_inconclusive_lead_is_undecided():
     why = "resnet_s1 did not learn: in-distribution 0.287 (needs >= 0.650)"
     st = _status([_row("alignment.stride.alignment", "uninformative", reason=why),
                   _row("alignment.overlap.alignment", "held", reason="")])
     assert st["label"] == f"undecided (lead uninformative: {why})" and st["supports"] == ["alignment.overlap.alignment"]
-    st = _status([_row("alignment.stride.alignment", "underpowered", needs_seeds=9)])
-    assert st["label"] == "undecided (underpowered: needs 9 seeds)"
+    st = _status([_row("alignment.stride.alignment", "inconclusive", needs_seeds=9)])
+    assert st["label"] == "undecided (inconclusive: needs 9 seeds)"
     text = markdown.findings(pd.DataFrame([_row("alignment.stride.alignment", "uninformative", reason=why)]))[0]
     assert text.startswith(f"**alignment: undecided (lead uninformative: {why}).**") and "not stated" in text
 
 
 def test_row_counts_per_type_and_in_words():
-    led = pd.DataFrame([_row("alignment.stride.alignment", "held"), _row("alignment.x.alignment", "underpowered"),
+    led = pd.DataFrame([_row("alignment.stride.alignment", "held"), _row("alignment.x.alignment", "inconclusive"),
                         _row("alignment.overlap.alignment", "uninformative"),
                         _row("reach.x.relation", "held", kind="floor"), _row("exact.x", "failed", kind="exact"),
                         _row("budget.vit.a.steps4000", "not run")])
     rows = markdown.row_counts(led)
-    assert rows["paired"] == {"rows": 3, "informative": 2, "uninformative": 1, "decided": 1, "underpowered": 1,
+    assert rows["paired"] == {"rows": 3, "informative": 2, "uninformative": 1, "decided": 1, "inconclusive": 1,
                               "not run": 0}
     assert list(rows) == ["paired", "floor", "exact", "budget"] and rows["budget"]["not run"] == 1
     assert "paired: 1 of 3 decided" in markdown.counts_text(rows)

@@ -151,8 +151,8 @@ def committed(tmp_path: Path, rel: str) -> Path:
     return tmp_path / Path(rel).name
 
 
-def test_large_profile_gives_every_underpowered_row_its_seeds(tmp_path, capsys):
-    """The large profile trains, for every underpowered row of the committed ledger within ``report.max_seeds``,
+def test_large_profile_gives_every_inconclusive_row_its_seeds(tmp_path, capsys):
+    """The large profile trains, for every inconclusive row of the committed ledger within ``report.max_seeds``,
     the seeds its power calculation asks for, on every arm (bench/seed_plan.py; `--write` updates the overlay)."""
     from bench import seed_plan
 
@@ -183,16 +183,16 @@ def test_seed_plan_counts_each_arm_and_writes_what_is_missing(tmp_path):
 
     ledger = pd.DataFrame([  # a paired row short of seeds, a floor row, one out of reach, one decided
         {"id": "natural.resnet_vs_vit.natural", "kind": "paired", "task": "natural", "a": "resnet", "b": "vit",
-         "verdict": "underpowered", "seeds_needed": 12, "needs_seeds": "12"},
+         "verdict": "inconclusive", "seeds_needed": 12, "needs_seeds": "12"},
         {"id": "floor.nomix.scale", "kind": "floor", "task": "scale", "a": "nomix", "b": "floor",
-         "verdict": "underpowered", "seeds_needed": 7, "needs_seeds": "7"},
+         "verdict": "inconclusive", "seeds_needed": 7, "needs_seeds": "7"},
         {"id": "arrangement.sincos.arrangement", "kind": "paired", "task": "arrangement", "a": "vit_sincos",
-         "b": "vit", "verdict": "underpowered", "seeds_needed": None, "needs_seeds": ">200"},
+         "b": "vit", "verdict": "inconclusive", "seeds_needed": None, "needs_seeds": ">200"},
         {"id": "alignment.stride.alignment", "kind": "paired", "task": "alignment", "a": "resnet_s1", "b": "resnet",
          "verdict": "held", "seeds_needed": None, "needs_seeds": None},
         # a student trains on train.seeds: no grid can give its row seeds (nor its partner, uselessly)
         {"id": "distill.transfer.scale", "kind": "paired", "task": "scale", "a": "deit_transfer", "b": "deit_labels",
-         "verdict": "underpowered", "seeds_needed": 20, "needs_seeds": "20"}])
+         "verdict": "inconclusive", "seeds_needed": 20, "needs_seeds": "20"}])
     (tmp_path / "ledger.csv").write_text(ledger.to_csv(index=False))
     profile = tmp_path / "params.yaml"
     profile.write_text((ROOT / "params.yaml").read_text())  # 3 seeds per main cell (the first look)

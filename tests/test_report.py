@@ -150,7 +150,7 @@ def test_cells_flag_bimodal_and_count_escapes(tmp_path, params_path):
     # narrow enough for `dvc exp show`: verdicts, informative / uninformative per row type, leads, floors
     assert len(flat) <= 30 and summary["floor"]["relation"] == 0.70 and summary["bimodal_cells"] >= 1
     assert summary["informative"]["paired"] + summary["uninformative"]["paired"] <= summary["ledger"]["held"] + \
-        summary["ledger"]["failed"] + summary["ledger"]["equivalent"] + summary["ledger"]["underpowered"] + \
+        summary["ledger"]["failed"] + summary["ledger"]["equivalent"] + summary["ledger"]["inconclusive"] + \
         summary["ledger"]["uninformative"]
     readme = (out / "README.md").read_text()
     findings = readme.split("## Findings")[1].split("Shortcut floors")[0]

@@ -87,10 +87,10 @@ def test_cost_per_decided_question_and_what_stops_saved(tmp_path):
                                            pd.read_csv(tmp_path / "reports/tables/ledger.csv"))
     assert by_cell.loc[("vit", "alignment")].tolist() == [1, 50 / 60, 1, 1]
     assert by_cell.loc[("resnet", "alignment")].tolist() == [1, 1.0, 2, 1]  # the paired row and its floor row
-    # the seeds each row was judged on, and what an underpowered one still needs
+    # the seeds each row was judged on, and what an inconclusive one still needs
     ledger = pd.DataFrame({"id": ["p", "q", "f", "x"], "kind": ["paired", "paired", "floor", "exact"],
                            "task": "alignment", "a": "vit", "b": ["resnet", "resnet", "floor", ""],
-                           "verdict": ["held", "underpowered", "held", "held"], "seeds": [3, 12, 3, 3],
+                           "verdict": ["held", "inconclusive", "held", "held"], "seeds": [3, 12, 3, 3],
                            "look": [1, 2, 1, 1], "needs_seeds": ["", "40", "", ""]})
     seeds = repro_breakdown.seeds_by_row(ledger)
     assert seeds.id.tolist() == ["p", "q", "f"] and seeds.seeds.tolist() == [3, 12, 3]
@@ -143,9 +143,9 @@ def test_verdict_changes_between_the_default_and_the_quick_ledger():
     from bench.compare import verdict_changes
 
     default = pd.DataFrame({"id": ["a", "b", "c", "d", "e", "f"],
-                            "verdict": ["held", "held", "failed", "underpowered", "equivalent", "underpowered"]})
+                            "verdict": ["held", "held", "failed", "inconclusive", "equivalent", "inconclusive"]})
     quick = pd.DataFrame({"id": ["a", "b", "c", "d", "f"],
-                          "verdict": ["held", "underpowered", "held", "failed", "not_run"]})
+                          "verdict": ["held", "inconclusive", "held", "failed", "not_run"]})
     (line,) = verdict_changes(default, quick)
     assert line.startswith("Of its 5 ledger rows, 5 are also the default's (6 rows): 1 with the same verdict;")
     assert "1 decided at the default and not here (b)" in line

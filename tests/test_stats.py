@@ -80,10 +80,10 @@ def test_holm_textbook_example():
     ("+", 0.05, 0.001, 1.0, math.nan, "held"),
     ("+", -0.05, 0.001, 1.0, math.nan, "failed"),  # significant, the wrong way
     ("+", 0.002, 0.6, 0.01, math.nan, "equivalent"),  # TOST within the margin: no effect
-    ("+", 0.05, 0.2, 0.9, math.nan, "underpowered"),
+    ("+", 0.05, 0.2, 0.9, math.nan, "inconclusive"),
     ("0", 0.001, 0.01, 0.01, 1.0, "held"),
-    ("0", 0.2, 0.01, 1.0, 0.001, "failed"),  # outside the margin, significantly
-    ("0", 0.01, 0.5, 0.3, 0.4, "underpowered"),
+    ("0", 0.2, 0.01, 1.0, 0.001, "not equivalent"),  # outside the margin, significantly
+    ("0", 0.01, 0.5, 0.3, 0.4, "inconclusive"),
 ])
 def test_verdicts(expect, estimate, p_holm, p_tost_holm, p_out_holm, verdict):
     from pipeline.report.ledger import _verdict
@@ -93,8 +93,27 @@ def test_verdicts(expect, estimate, p_holm, p_tost_holm, p_out_holm, verdict):
     assert _verdict(r, alpha=0.05) == verdict
 
 
+def test_seeds_asked_come_from_the_smallest_effect_of_interest_not_the_estimate():
+    """A wrong-sign or tiny estimate asks the same seeds as a large one: the plan is sized for the row's sesoi (its
+    anchored effect or margin); the inconclusive row states the smallest effect it could have detected."""
+    from types import SimpleNamespace
+
+    from pipeline.report.ledger import _detectable, _needed
+
+    rp = SimpleNamespace(max_seeds=200, power=0.8)
+    base = {"expect": "+", "seed_sd": 0.02, "seeds": 3, "sesoi": 0.04}
+    asked = {est: _needed({**base, "estimate": est}, 0.01, 0.04, rp) for est in (-0.03, 0.001, 0.2)}
+    assert len(set(asked.values())) == 1 and asked[0.001] is not None
+    n = asked[0.001]
+    # at the seeds it asks (the same sd, less inflated by the pilot factor) it detects its sesoi; at 3 it cannot
+    assert _detectable({**base, "seeds": n}, 0.01, rp) <= 0.04 < _detectable(base, 0.01, rp)
+    # a "0" row is sized for a true 0 inside its margin, whatever it measured
+    zero = {**base, "expect": "0"}
+    assert _needed({**zero, "estimate": 0.035}, 0.01, 0.04, rp) == _needed({**zero, "estimate": 0.0}, 0.01, 0.04, rp)
+
+
 @pytest.mark.parametrize("acc, p_holm, verdict", [(0.4, 0.001, "held"), (0.9, 0.001, "failed"),
-                                                   (0.55, 0.3, "underpowered")])
+                                                   (0.55, 0.3, "inconclusive")])
 def test_floor_verdicts_use_the_floor_bound(acc, p_holm, verdict):
     from pipeline.report.ledger import _verdict
 

@@ -158,7 +158,7 @@ class Tune(Section):
 
 class Plan(Section):
     """The second look (docs/design.md §4 "Sequential seeds"): the ``plan`` stage reads the first look's ledger
-    (every cell at ``train.seeds``) and gives a paired row that is informative but underpowered the seeds its
+    (every cell at ``train.seeds``) and gives a paired row that is informative but inconclusive the seeds its
     power calculation asks for, when that is at most ``max_seeds``; ``train_more`` trains only those. Each look is
     one Holm family at half of ``1 - report.confidence``. ``max_seeds`` at or below the first look's seed count:
     no second look, one family at the whole alpha. ``budget`` (thousands of ViT-step equivalents, as priced by

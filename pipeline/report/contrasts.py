@@ -15,7 +15,9 @@ from pipeline.grid import configured_cells
 def _contrasts(path: Path) -> tuple[dict, ...]:
     """The minimal-pair predictions (``contrasts.csv``): ``a - b`` on ``subset`` of each task, ``expect`` "+"
     (a beats b) or "0" (no effect), with its equivalence ``margin`` and why (``margin_reason``), and the
-    literature effect it is about (``anchor``, empty when none), and ``learned_on``: the slice on which both arms
+    literature effect it is about (``anchor``, empty when none), its smallest effect of interest (``sesoi``: what
+    the seeds asked are sized for, never the observed effect; the anchored effect where there is one, else the
+    margin; a "0" row's is its margin) and why (``sesoi_reason``), and ``learned_on``: the slice on which both arms
     must have learned (empty: in distribution; :func:`pipeline.report.gate.gate`). A row's finding (which groups
     rows for the README) and its task are its id's prefix; a ``distill.*`` row runs on every task where both its
     arms train."""
@@ -26,6 +28,7 @@ def _contrasts(path: Path) -> tuple[dict, ...]:
         rows.append({"id": r["id"], "finding": finding, "a": r["a"], "b": r["b"], "tasks": tasks,
                      "subset": r["subset"], "expect": r["expect"], "isolates": r["isolates"],
                      "margin": float(r["margin"]), "margin_reason": r["margin_reason"],
+                     "sesoi": float(r["sesoi"]), "sesoi_reason": r["sesoi_reason"],
                      "learned_on": r.get("learned_on", ""),
                      "anchor": float(r["anchor"]) if r["anchor"] else math.nan})
     return tuple(rows)

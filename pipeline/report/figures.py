@@ -100,8 +100,9 @@ def _accuracy_axis(ax, label: str | None = CI_LABEL) -> None:
 VERDICT_STYLE = {
     "held": {"marker": "o", "color": "#009E73", "filled": True},
     "failed": {"marker": "X", "color": "#D55E00", "filled": True},
+    "not equivalent": {"marker": "X", "color": "#CC79A7", "filled": True},
     "equivalent": {"marker": "D", "color": "#0072B2", "filled": True},
-    "underpowered": {"marker": "o", "color": "#E69F00", "filled": False},
+    "inconclusive": {"marker": "o", "color": "#E69F00", "filled": False},
     "uninformative": {"marker": "o", "color": "#9A9A9A", "filled": False},
     "not run": {"marker": "x", "color": "#9A9A9A", "filled": False},
 }
@@ -140,7 +141,7 @@ def _verdict_note(r) -> str:
     if isinstance(reason, str) and reason.strip():
         text = reason.strip()
         return f"{v}: {text[:38]}{'...' if len(text) > 38 else ''}"
-    if v == "underpowered" and seeds == seeds and seeds is not None and str(seeds).strip():
+    if v == "inconclusive" and seeds == seeds and seeds is not None and str(seeds).strip():
         # the ledger's needs_seeds is text: "12", ">200", "2+ (one seed: ...)"
         return f"{v} (needs {str(seeds).split(' (')[0]} seeds)"
     return v

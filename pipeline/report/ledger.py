@@ -15,7 +15,7 @@ item-level results; this module decides and orders them:
   twin pairs is exactly 0.5).
 
 One Holm family holds every decision test of the decided rows (:func:`family`); each row ends held / failed /
-equivalent / uninformative / underpowered (with the seeds needed for the target power) -- or "not run" when
+equivalent / uninformative / inconclusive (with the seeds needed for the target power) -- or "not run" when
 its runs are missing.
 """
 
@@ -26,12 +26,15 @@ import math
 import pandas as pd
 
 from pipeline.report import aggregate as agg
-from pipeline.report import cells, stats
+from pipeline.report import cells, sequential, stats
 from pipeline.report.contrasts import CONTRASTS, budget_rows, check_margins, plan
 from pipeline.report.gate import gate
 from pipeline.report.measure import collision_rows, measure
 
-VERDICTS = ("held", "failed", "equivalent", "uninformative", "underpowered", "not run")
+# held: the predicted direction, significant; failed: significant the other way (a "+" or "<=" row); not
+# equivalent: a "0" row's interval outside its margin (significant); equivalent: TOST within the margin (a "+" row;
+# a "0" row's TOST is its "held"); inconclusive: none of these, with the smallest effect it could have detected.
+VERDICTS = ("held", "failed", "not equivalent", "equivalent", "uninformative", "inconclusive", "not run")
 # The README's findings, in this order (at most five are shown).
 FINDINGS = ("alignment", "arrangement", "relation", "distillation", "natural", "scale", "budget", "collisions",
             "floors")
@@ -59,28 +62,38 @@ def family(t: pd.DataFrame) -> pd.DataFrame:
 
 
 def _needed(r: dict, level: float, margin: float, rp) -> int | None:
-    """Seeds for 80% power (rp.power) in the row's own direction at its Holm level: the directional t is
-    two-sided, so one-sided at level / 2 for "+" and "<="; TOST at the level for "0". The sd is the row's
-    per-seed sd made median-unbiased (:func:`stats.pilot_sd`), so a 3-seed look does not under-ask."""
+    """Seeds for rp.power at the row's Holm level for its smallest effect of interest (``sesoi``, never the
+    observed estimate: a power calculation from the estimate only restates the p-value): one-sided at level / 2
+    for "+" and "<=" (the directional t is two-sided); TOST within the margin at the level for "0", sized for a
+    true difference of 0. The sd is the row's per-seed sd made median-unbiased (:func:`stats.pilot_sd`)."""
     cap, sd = rp.max_seeds, stats.pilot_sd(r["seed_sd"], int(r["seeds"]))
     if r["expect"] == "0":
-        return stats.seeds_for_tost(r["estimate"], margin, sd, level, rp.power, cap)
-    effect = r["estimate"] if r["expect"] == "+" else r["floor_bound"] - (r["acc_a"])
-    return stats.seeds_for_power(effect, sd, level / 2, rp.power, cap)
+        return stats.seeds_for_tost(0.0, margin, sd, level, rp.power, cap)
+    return stats.seeds_for_power(r["sesoi"], sd, level / 2, rp.power, cap)
+
+
+def _detectable(r: dict, level: float, rp) -> float:
+    """The smallest true effect the row had rp.power to detect at its seeds and Holm level (one-sided at level / 2
+    for "+" and "<="; for "0" the smallest margin TOST would show a true 0 inside)."""
+    sd = stats.pilot_sd(r["seed_sd"], int(r["seeds"]))
+    if r["expect"] == "0":
+        return stats.detectable_effect(sd, int(r["seeds"]), level, 1 - (1 - rp.power) / 2)
+    return stats.detectable_effect(sd, int(r["seeds"]), level / 2, rp.power)
 
 
 def _verdict(r: dict, alpha: float) -> str:
-    """held / failed / equivalent / underpowered from the row's Holm-adjusted p-values (see :func:`family`)."""
+    """held / failed / not equivalent / equivalent / inconclusive from the row's Holm-adjusted p-values (see
+    :func:`family`)."""
     if r["expect"] == "0":
-        return "held" if r["p_tost_holm"] < alpha else "failed" if r["p_out_holm"] < alpha else "underpowered"
+        return "held" if r["p_tost_holm"] < alpha else "not equivalent" if r["p_out_holm"] < alpha else "inconclusive"
     if r["p_holm"] < alpha:
         above = r["estimate"] > 0 if r["expect"] == "+" else r["acc_a"] > r["floor_bound"]
         return ("failed" if above else "held") if r["expect"] == "<=" else ("held" if above else "failed")
-    return "equivalent" if r["expect"] == "+" and r["p_tost_holm"] < alpha else "underpowered"
+    return "equivalent" if r["expect"] == "+" and r["p_tost_holm"] < alpha else "inconclusive"
 
 
 def _needs_text(verdict: str, needed: int | None, seeds: int, cap: int) -> str:
-    if verdict != "underpowered":
+    if verdict != "inconclusive":
         return ""
     if seeds < 2:
         return "2+ (one seed: no seed-level variance to size from)"
@@ -89,12 +102,13 @@ def _needs_text(verdict: str, needed: int | None, seeds: int, cap: int) -> str:
 
 def decide(table: pd.DataFrame, rp, alpha: float | None = None) -> pd.DataFrame:
     """One Holm family at ``alpha`` (default ``1 - rp.confidence``) over every decision test of the decided rows
-    (those that ran, are not exact and have no gate ``reason``), each row's verdict and, if underpowered, the
+    (those that ran, are not exact and have no gate ``reason``), each row's verdict and, if inconclusive, the
     seeds needed for rp.power at its Holm level (``needs_seeds`` as text: capped at ">max_seeds"; a one-seed row
     has no variance to size from)."""
     alpha = 1 - rp.confidence if alpha is None else alpha
     if table.empty:
-        return table.assign(p_holm=[], p_tost_holm=[], p_out_holm=[], verdict=[], seeds_needed=[], needs_seeds=[])
+        return table.assign(p_holm=[], p_tost_holm=[], p_out_holm=[], verdict=[], seeds_needed=[], detectable=[],
+                            needs_seeds=[])
     t = table.copy().reset_index(drop=True)
     t["decided"] = (t.seeds > 0) & (t.kind != "exact") & (t.reason == "")
     fam = family(t)
@@ -105,7 +119,7 @@ def decide(table: pd.DataFrame, rp, alpha: float | None = None) -> pd.DataFrame:
     for col in ("p", "p_tost", "p_out"):
         t[f"{col}_holm"] = adjusted[col].reindex(t.index) if col in adjusted else math.nan
     t["p_holm"] = t["p_holm"].where(t.expect != "0", t["p_tost_holm"])  # the prediction's own test
-    verdicts, needed = [], []
+    verdicts, needed, detectable = [], [], []
     for i, r in enumerate(t.to_dict("records")):
         if r["seeds"] == 0:
             v = "not run"
@@ -117,17 +131,19 @@ def decide(table: pd.DataFrame, rp, alpha: float | None = None) -> pd.DataFrame:
             v = _verdict(r, alpha)
         member = "p_tost" if r["expect"] == "0" else "p"
         level = levels[member].get(i, math.nan) if member in levels else math.nan
-        needed.append(_needed(r, level, r["margin"], rp) if v == "underpowered" else None)
+        needed.append(_needed(r, level, r["margin"], rp) if v == "inconclusive" else None)
+        detectable.append(_detectable(r, level, rp) if v == "inconclusive" else math.nan)
         verdicts.append(v)
     t["verdict"] = verdicts
     t["seeds_needed"] = pd.array(needed, dtype="Int64")
+    t["detectable"] = detectable
     t["needs_seeds"] = [_needs_text(v, n, seeds, rp.max_seeds)
                         for v, n, seeds in zip(verdicts, needed, t.seeds, strict=True)]
     return t.drop(columns=["decided"])
 
 
 COLUMNS = ["id", "finding", "kind", "task", "a", "b", "subset", "expect", "isolates", "margin", "margin_reason",
-           "seeds", "items", "estimate", "ci_lo", "ci_hi", "ci_method", "p", "p_tost", "p_out", "seed_sd",
+           "sesoi", "seeds", "items", "estimate", "ci_lo", "ci_hi", "ci_method", "p", "p_tost", "p_out", "seed_sd",
            "item_se", "acc_a", "acc_b", "in_a", "in_b", "learned_a", "learned_b", "learn_at", "chance", "floor",
            "floor_baseline", "floor_lo", "floor_hi", "analytic_floor", "floor_bound", "reason", "exact",
            "max_logit_diff", "context", "claim", "detail"]
@@ -139,23 +155,54 @@ def judge(params, runs: pd.DataFrame, items: cells.Items, floors: dict, disagree
     """The ledger: one row per planned prediction with its measurement, gate, Holm p-values and verdict.
 
     Look 1 judges every row on ``train.seeds``; with a ``seed_plan`` (the ``plan`` stage's, :mod:`.seeds`), look 2
-    judges the rows it continued on the seeds it gave them, and replaces their look-1 line. Each look is one
-    Holm family at :func:`pipeline.report.stats.look_alpha` (column ``look``)."""
+    judges the rows it continued, and replaces their look-1 line (column ``look``). Look 1 is one Holm family at
+    alpha_1 over every row; look 2 one at alpha_2 over every row too (:func:`pipeline.report.stats.look_alphas`),
+    a continued row tested on the combination of look 1 and its new seeds alone, the others at p = 1
+    (:mod:`pipeline.report.sequential`); its estimate and interval are over all its seeds."""
     rp = params.report
     check_margins(CONTRASTS, rp.equivalence_margin)
-    alpha = stats.look_alpha(params)
+    alpha1, alpha2 = stats.look_alphas(params)
     first = _rows(params, runs, items, floors, disagreement, transfer_rates or {}, seed, set(params.train.seeds))
     ip = params.interface
     first += [{**r, "reason": "", "margin": math.nan, "margin_reason": ""}
               for r in collision_rows(collisions, ip.exact_tol, ip.atol)]
-    table = decide(_frame(first), rp, alpha).assign(look=1)
+    table = decide(_frame(first), rp, alpha1).assign(look=1)
     more = {r["id"]: set(r["seeds"]) for r in (seed_plan or {}).get("rows", []) if r["continued"]}
     if more and len(table):
-        second = _rows(params, runs, items, floors, disagreement, transfer_rates or {}, seed, more)
-        again = decide(_frame(second), rp, alpha).assign(look=2)
+        args = (params, runs, items, floors, disagreement, transfer_rates or {}, seed)
+        shown = _frame(_rows(*args, more)).set_index("id")  # every seed: the estimate and interval shown
+        new = _frame(_rows(*args, {i: s - set(params.train.seeds) for i, s in more.items()})).set_index("id")
+        look1 = table.set_index("id")
+        w = sequential.weights(len(params.train.seeds), params.plan.max_seeds)
+        for i in shown.index:
+            shown.loc[i, ["p", "p_tost", "p_out"]] = _combined(look1.loc[i], new.loc[i], w)
+        rest = look1.drop(index=shown.index).reindex(columns=shown.columns).assign(p=1.0, p_tost=1.0, p_out=1.0)
+        # look 2's family is every row: a row not continued is in it with p = 1 (it has no new seeds)
+        again = decide(pd.concat([rest, shown]).reset_index(), rp, alpha2).assign(look=2)
+        again = again[again["id"].isin(shown.index)]
         order = list(table["id"])  # each continued row's look-2 line in place of its look-1 line
         table = pd.concat([table[~table["id"].isin(again["id"])], again]).set_index("id").loc[order].reset_index()
     return table
+
+
+def _up(r) -> bool:
+    """The side a row's directional p is on: the estimate above 0 (paired), the arm above the floor's bound."""
+    return r["acc_a"] > r["floor_bound"] if r["kind"] == "floor" else r["estimate"] > 0
+
+
+def _combined(first, new, w: tuple[float, float]) -> list[float]:
+    """A continued row's look-2 p, p_tost and p_out: the inverse-normal combination (fixed weights ``w``) of its
+    look-1 one-sided p-values and those of its new seeds alone (docs/design.md §4, "Error rates")."""
+    def greater(r) -> float:  # the directional two-sided t p made one-sided ("greater"), by the estimate's side
+        return r["p"] / 2 if _up(r) else 1 - r["p"] / 2
+
+    g = sequential.combine(greater(first), greater(new), w)
+    p = float(min(1.0, 2 * min(g, 1 - g)))
+    if first["kind"] != "paired":
+        return [p, math.nan, math.nan]
+    pc = [sequential.pieces(r["estimate"], r["seed_sd"], r["seeds"], r["margin"]) for r in (first, new)]
+    mem = sequential.combined_members(*pc, w)
+    return [p, float(mem["p_tost"]), float(mem["p_out"])]
 
 
 def _frame(rows: list[dict]) -> pd.DataFrame:
@@ -181,6 +228,7 @@ def _rows(params, runs: pd.DataFrame, items: cells.Items, floors: dict, disagree
         rows.append({"id": row["id"], "finding": row["finding"], "kind": row["kind"], "task": row["task"],
                      "a": row["a"], "b": row["b"], "subset": row["subset"], "expect": row["expect"],
                      "isolates": row["isolates"], "margin": row["margin"], "margin_reason": row["margin_reason"],
+                     "sesoi": row.get("sesoi", row["margin"] if row["margin"] > 0 else rp.equivalence_margin),
                      "exact": False, "max_logit_diff": math.nan, **m, "reason": gate(row, m, rp.ceiling_tol),
                      "context": _context(row, reach, config, disagreement, transfer), "claim": row.get("claim", ""),
                      "detail": ""})

@@ -108,7 +108,7 @@ def ledger_view(ledger: pd.DataFrame) -> pd.DataFrame:
         return f"{ci_text(r.estimate, r.ci_lo, r.ci_hi, sign=True)}; Holm p {r.p_holm:.3g} ({r.seeds} seeds{items})"
 
     def verdict(r) -> str:
-        said = f"underpowered: needs {r.needs_seeds} seeds" if r.verdict == "underpowered" else r.verdict
+        said = inconclusive_text(r) if r.verdict == "inconclusive" else r.verdict
         return f"{said} (look 2)" if getattr(r, "look", 1) == 2 else said
 
     return pd.DataFrame({"id": ledger["id"], "task": ledger["task"],
@@ -130,7 +130,7 @@ ROW_TYPES = ("paired", "floor", "exact", "budget")
 FINDING_RULE = (
     "How a finding is labelled (pipeline/report/markdown.py: `finding_status`). Only informative rows count "
     "(verdict neither `uninformative` nor `not run`); its lead is the first pre-registered row of its group that "
-    "ran, never picked by outcome. In this order: 'undecided' when the lead is uninformative or underpowered; "
+    "ran, never picked by outcome. In this order: 'undecided' when the lead is uninformative or inconclusive; "
     "'contradicted' when the lead failed, or when another informative row of the group failed and the finding "
     "does not explain that failure (`pipeline/report/explained.csv` names the rows whose failure a finding's own "
     "explanation predicts, with the reason); 'no effect' when the lead is equivalent; otherwise 'supported' (lead "
@@ -160,8 +160,22 @@ def informative(ledger: pd.DataFrame) -> pd.Series:
     return ~uninformative(ledger) & (ledger["verdict"] != "not run")
 
 
+DECIDED = ("held", "failed", "not equivalent", "equivalent")  # verdicts that answer a row's question
+
+
+def inconclusive_text(r) -> str:
+    """What an inconclusive row could and could not see: the smallest effect it had the power to detect at its
+    seeds, and the seeds its smallest effect of interest asks for."""
+    det = getattr(r, "detectable", float("nan"))
+    could = f"could detect {det:.3g} at {r.seeds} seeds; " if det == det else ""
+    ses = getattr(r, "sesoi", float("nan"))
+    return f"inconclusive ({could}{r.needs_seeds} seeds for its effect of interest {ses:.3g})" if ses == ses \
+        else f"inconclusive ({could}needs {r.needs_seeds} seeds)"
+
+
 def row_counts(ledger: pd.DataFrame) -> dict[str, dict[str, int]]:
-    """Per row type: rows, informative, uninformative, decided (held / failed / equivalent), underpowered,
+    """Per row type: rows, informative, uninformative, decided (held / failed / not equivalent / equivalent),
+    inconclusive,
     not run."""
     if ledger.empty:
         return {}
@@ -171,8 +185,8 @@ def row_counts(ledger: pd.DataFrame) -> dict[str, dict[str, int]]:
         g = t[t["type"] == name]
         if len(g):
             out[name] = {"rows": len(g), "informative": int(g.is_info.sum()), "uninformative": int(g.is_uninf.sum()),
-                         "decided": int((g.is_info & g.verdict.isin(["held", "failed", "equivalent"])).sum()),
-                         "underpowered": int((g.is_info & (g.verdict == "underpowered")).sum()),
+                         "decided": int((g.is_info & g.verdict.isin(DECIDED)).sum()),
+                         "inconclusive": int((g.is_info & (g.verdict == "inconclusive")).sum()),
                          "not run": int((g.verdict == "not run").sum())}
     return out
 
@@ -180,7 +194,7 @@ def row_counts(ledger: pd.DataFrame) -> dict[str, dict[str, int]]:
 def counts_text(rows: dict[str, dict[str, int]]) -> str:
     """The README's per-row-type sentence: how many rows of each type were decided."""
     parts = [f"{name}: {c['decided']} of {c['rows']} decided ({c['informative']} informative, of which "
-             f"{c['underpowered']} underpowered; {c['uninformative']} uninformative; {c['not run']} not run)"
+             f"{c['inconclusive']} inconclusive; {c['uninformative']} uninformative; {c['not run']} not run)"
              for name, c in rows.items()]
     return "Rows decided, by type: " + "; ".join(parts) + "." if parts else "No ledger rows."
 
@@ -199,7 +213,7 @@ def finding_status(name: str, group: pd.DataFrame, lead: pd.Series,
     g = group.assign(is_info=informative(group), is_uninf=uninformative(group))
     # the lead states the finding: its own outcome is never "explained" away
     why = {r.id: None if r.id == lead["id"] else explains(name, r.id, explained) for r in g.itertuples()}
-    failed = g[g.is_info & (g.verdict == "failed")]
+    failed = g[g.is_info & g.verdict.isin(["failed", "not equivalent"])]
     out = {"supports": [r.id for r in g[g.is_info & (g.verdict == "held")].itertuples() if why[r.id] is None],
            "contradicts": [r.id for r in failed.itertuples() if why[r.id] is None],
            "explained": {r.id: why[r.id] for r in failed.itertuples() if why[r.id] is not None},
@@ -210,9 +224,9 @@ def finding_status(name: str, group: pd.DataFrame, lead: pd.Series,
     elif lead_uninf:
         reason = lead.get("reason", "")
         label = f"undecided (lead uninformative{': ' + reason if isinstance(reason, str) and reason else ''})"
-    elif lead.verdict == "underpowered":
-        label = f"undecided (underpowered: needs {lead.needs_seeds} seeds)"
-    elif lead.verdict == "failed" or out["contradicts"]:
+    elif lead.verdict == "inconclusive":
+        label = f"undecided (inconclusive: needs {lead.needs_seeds} seeds)"
+    elif lead.verdict in ("failed", "not equivalent") or out["contradicts"]:
         label = "contradicted"
     elif lead.verdict == "equivalent":
         label = "no effect (equivalent)"

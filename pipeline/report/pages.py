@@ -46,16 +46,26 @@ LEDGER_NOTE = ("Rows and their margins are fixed in pipeline/report/contrasts.cs
                "row is decided only when both arms learned the task in distribution and they are not both at the "
                "ceiling or at chance on the compared slice; otherwise it is `uninformative`, with the reason. "
                "Every decision (directional t, TOST equivalence within the row's margin, the floor test) of a "
-               "look is one Holm family at alpha {alpha:.3g} ({looks}). Verdicts: held / failed / equivalent / "
-               "uninformative / "
-               "underpowered (with the seeds 80% power needs at the row's Holm level, from the per-seed sd made "
-               "median-unbiased for the variance); default margin "
+               "look is one Holm family ({looks}). Verdicts: held (the predicted direction, significant) / failed "
+               "(significant the other way) / not equivalent (a '0' row outside its margin, significant) / "
+               "equivalent (TOST) / uninformative / inconclusive (with the smallest effect it could detect at its "
+               "seeds, and the seeds 80% power needs at the row's Holm level for its smallest effect of interest, "
+               "`sesoi` in contrasts.csv, from the per-seed sd made median-unbiased for the variance); default margin "
                "{margin}. docs/design.md §4 states the rules.")
 
-LOOKS = ("two looks, each at half of 1 - report.confidence: look 1 judges every row on train.seeds, look 2 the "
-         "rows the plan stage continued, on the seeds it gave them (column `look`)")
+LOOKS = ("two looks, 1 - report.confidence spent in the first look's share of plan.max_seeds: look 1 at alpha "
+         "{a1:.3g} judges every row on train.seeds; look 2 at alpha {a2:.3g}, over every row again, judges the rows "
+         "the plan stage continued on an inverse-normal combination of look 1 and their new seeds alone (the others "
+         "at p = 1), their estimate over all their seeds (column `look`)")
+
+
+def _looks(params) -> str:
+    a1, a2 = stats.look_alphas(params)
+    return LOOKS.format(a1=a1, a2=a2) if stats.second_look(params) else f"one look at alpha {a1:.3g}"
+
+
 SEEDS_NOTE = ("The plan stage reads the first look's ledger ({first} seeds per cell) and continues each paired or "
-              "floor row that is informative but underpowered when its power calculation asks for at most "
+              "floor row that is informative but inconclusive when its power calculation asks for at most "
               "plan.max_seeds ({cap}) seeds, and each row uninformative only because an arm is split (some of its "
               "seeds learned, some not), to report.min_seeds_bimodal seeds; train_more trains its cells at the new "
               "seeds and look 2 judges it on them (docs/design.md §4, Sequential seeds). `look1`: the first look's "
@@ -178,7 +188,7 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
         "per-slice accuracy": _table(out, "slices", "Test accuracy per evaluation slice (main grid)",
                                      f"{note}\n\n{floors}", slice_tab),
         "prediction ledger": _table(out, "ledger", "Prediction ledger", LEDGER_NOTE.format(
-            alpha=stats.look_alpha(inp.params), looks=LOOKS if stats.second_look(inp.params) else "one look",
+            looks=_looks(inp.params),
             margin=rp.equivalence_margin) + f"\n\n{floors}", led, markdown.ledger_view(led)),
         "seeds per row (sequential seeds)": _table(
             out, "seeds", "Seeds per ledger row: the first look, and the rows the plan continued",
@@ -316,7 +326,7 @@ def figure_list(inp: Inputs, out: Path, frames: dict) -> dict[str, tuple[str, st
     save("ledger", fig.ledger_figure(frames["ledger"], inp.params.report.equivalence_margin),
          "The prediction ledger at a glance", "Every paired and floor row of the [ledger](tables/ledger.md), grouped "
          "by finding: estimate with its 95% CI, 0 marked, the equivalence margin shaded; marker and colour give the "
-         "verdict, hollow rows decide nothing yet (underpowered) or at all (grey: uninformative).")
+         "verdict, hollow rows decide nothing yet (inconclusive) or at all (grey: uninformative).")
     save("accuracy", fig.cell_figure(frames["main"], floor), "Accuracy per architecture and task",
          "Measurement: main grid, mean over seeds x test items and half its seed-level t interval; bold k/n: "
          "seeds reaching the escape threshold where the cell is bimodal; each task's shortcut floor in its header.")

@@ -1,15 +1,15 @@
 """Sequential seeds: the second look's plan, a function of the first look's ledger (docs/design.md §4).
 
 Look 1 judges every ledger row on ``train.seeds``. A paired or floor row outside the budget axis that is
-informative (its gate passed) but underpowered, and whose power calculation asks for at most ``plan.max_seeds``
+informative (its gate passed) but inconclusive, and whose power calculation asks for at most ``plan.max_seeds``
 seeds, continues: its cells (both arms of a paired row, the one of a floor row) get seeds up to that count (new
 seed numbers after the first look's, never ``tune.seed``; the ``train_more`` stage trains them), and look 2
 judges it on them. So does a row whose only reason to be uninformative is a split arm: one whose seeds fall on
 both sides of the learn threshold (2 of 3 learned), which a handful of seeds cannot call a learner or not; it
 continues to ``report.min_seeds_bimodal`` seeds (at most ``plan.max_seeds``), where the gate judges it again.
-The plan reads nothing but the first look's results, so ``dvc repro`` stays deterministic. Each look is one
-Holm family at alpha / 2: the family-wise error over both looks stays at most alpha (a union bound over the two
-families).
+The plan reads nothing but the first look's results, so ``dvc repro`` stays deterministic. A continued row gets
+at least two new seeds: look 2 tests it on a combination of look 1 and its new seeds alone, in a Holm family of every
+row (:mod:`pipeline.report.sequential`), which keeps the family-wise error within alpha whatever the plan picks.
 
 Price: a row's extra seeds cost what its cells' first-look seeds cost, in thousands of ViT-step equivalents (each
 cell's mean steps taken times its model's relative step cost, ``pipeline.families.STEP_COST``, the table the
@@ -27,7 +27,7 @@ import pandas as pd
 
 from pipeline.report.cells import main_config, select
 from pipeline.report.gate import UNREACHED, gate
-from pipeline.report.stats import look_alpha, second_look
+from pipeline.report.stats import look_alphas, second_look
 
 
 def extra_seeds(params, n: int) -> list[int]:
@@ -129,7 +129,7 @@ def make_plan(ledger: pd.DataFrame, params, prices: dict[tuple[str, str], float]
                              for x in ("a", "b") if r[x] in split)
             why = (f"continued: {arms}; its gate is judged again on {needed} seeds (report.min_seeds_bimodal "
                    f"{params.report.min_seeds_bimodal}, at most plan.max_seeds)")
-        elif r["verdict"] != "underpowered":
+        elif r["verdict"] != "inconclusive":
             why = (f"uninformative at look 1: {r['reason']}" if r["verdict"] == "uninformative"
                    else f"{r['verdict']} at look 1" if r["verdict"] != "not run" else "not run")
         elif not second_look(params):
@@ -142,7 +142,7 @@ def make_plan(ledger: pd.DataFrame, params, prices: dict[tuple[str, str], float]
             why = f"continued: needs {needed} seeds for power {params.report.power:g} at its look-1 Holm level"
         entry.update(seeds_needed=needed, why=why)
         if why.startswith("continued"):
-            total = max(needed, int(r["seeds"]) + 1)  # at least one more seed than it had
+            total = max(needed, len(first) + 2)  # two new seeds at least: look 2 tests them alone
             entry.update(continued=True, seeds=first + extra_seeds(params, total - len(first)))
             candidates.append((r, entry))
         rows.append(entry)
@@ -151,7 +151,7 @@ def make_plan(ledger: pd.DataFrame, params, prices: dict[tuple[str, str], float]
         for arch in _arms(r) if entry["continued"] else ():
             have = cells.setdefault((r["task"], arch), [])
             cells[(r["task"], arch)] = sorted(set(have) | set(entry["seeds"]) - set(first))
-    return {"enabled": second_look(params), "alpha_per_look": look_alpha(params), "first_seeds": first,
+    return {"enabled": second_look(params), "alpha_per_look": list(look_alphas(params)), "first_seeds": first,
             "max_seeds": cap, "budget": params.plan.budget, "spent_kvit": round(spent, 3), "rows": rows,
             "cells": [{"task": t, "arch": a, "seeds": s} for (t, a), s in sorted(cells.items())]}
 

@@ -26,6 +26,8 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestPower
 from statsmodels.stats.weightstats import ttost_paired
 
+from pipeline.report.sequential import look_levels
+
 
 def _binom_ci(k: int, n: int, level: float, method: str) -> tuple[float, float]:
     if n <= 0:
@@ -191,6 +193,17 @@ def seeds_for_power(effect: float, sd: float, alpha: float, power: float = 0.8, 
     return max(2, math.ceil(float(np.atleast_1d(n)[0])))
 
 
+def detectable_effect(sd: float, seeds: int, alpha: float, power: float = 0.8) -> float:
+    """The smallest true effect a one-sided t test at ``alpha`` on ``seeds`` seeds of per-seed sd ``sd`` detects
+    with ``power`` (statsmodels ``TTestPower``); NaN with fewer than two seeds or no sd."""
+    if seeds < 2 or not sd == sd or not alpha == alpha:
+        return math.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        es = TTestPower().solve_power(nobs=seeds, alpha=alpha, power=power, alternative="larger")
+    return float(np.atleast_1d(es)[0]) * sd
+
+
 def seeds_for_tost(estimate: float, margin: float, sd: float, alpha: float, power: float = 0.8,
                    cap: int = 200) -> int | None:
     """Seeds for TOST within +-margin to reach ``power`` when the true difference is ``estimate``: the nearer
@@ -213,7 +226,13 @@ def second_look(params) -> bool:
     return params.plan.max_seeds > len(params.train.seeds)
 
 
+def look_alphas(params) -> tuple[float, float]:
+    """(alpha_1, alpha_2): each look's Holm family level, ``1 - report.confidence`` spent linearly in the first
+    look's share of ``plan.max_seeds`` (:func:`pipeline.report.sequential.look_levels`); no second look: (alpha, 0)."""
+    cap = params.plan.max_seeds if second_look(params) else len(params.train.seeds)
+    return look_levels(1 - params.report.confidence, len(params.train.seeds), cap)
+
+
 def look_alpha(params) -> float:
-    """The level of each look's Holm family: half of ``1 - report.confidence`` with a second look, else all."""
-    alpha = 1 - params.report.confidence
-    return alpha / 2 if second_look(params) else alpha
+    """The first look's level (the plan sizes rows at it)."""
+    return look_alphas(params)[0]
