@@ -1,6 +1,6 @@
 """The two-look design's family-wise error and power, simulated with the committed study's own rows.
 
-    python -m bench.sequential_fwer [--ledger reports/tables/ledger.csv] [--studies 20000] [--out reports/tables]
+    python -m bench.sequential_fwer [--ledger reports/tables/ledger.csv] [--studies 20000] [--out reports/sequential]
 
 Rows: the ledger's informative paired rows outside the budget axis (their expect and per-seed sd; margin and
 smallest effect of interest from contrasts.csv); the
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ledger", type=Path, default=Path("reports/tables/ledger.csv"))
     ap.add_argument("--params", type=Path, default=Path("params.yaml"))
     ap.add_argument("--studies", type=int, default=20000)
-    ap.add_argument("--out", type=Path, default=Path("reports/tables"))
+    ap.add_argument("--out", type=Path, default=Path("reports/sequential"))  # not the report stage's output folder
     args = ap.parse_args(argv)
     params = load_params(args.params)
     alpha = 1 - params.report.confidence

@@ -220,7 +220,7 @@ def test_the_two_looks_keep_the_family_wise_error_with_the_study_s_own_rows():
     default's 3 first-look seeds, cap 15 and the plan's continuation rule. The previous rule (Holm at alpha / 2 per
     look, look 2 over the rows look 1 picked, on seeds reused from look 1) errs in about 8% of studies; the rule in
     force (inverse-normal combination with new seeds only, every row in both families, linear spending) stays
-    within alpha. bench/sequential_fwer.py runs the same at 20,000 studies (reports/tables/sequential.md)."""
+    within alpha. bench/sequential_fwer.py runs the same at 20,000 studies (reports/sequential/sequential.md)."""
     rows = study_rows(pd.read_csv(ROOT / "reports" / "tables" / "ledger.csv"))
     assert len(rows) >= 30
     null = scenario(rows, True)
