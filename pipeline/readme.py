@@ -67,11 +67,16 @@ def sureness(label: str, lead: pd.Series) -> str:
     """The finding's label in plain words, with the seeds it stands on."""
     seeds = int(lead.seeds) if pd.notna(lead.seeds) else 0
     if label == "supported":
-        return f"**supported**: the lead contrast held its Holm-corrected test on {seeds} seeds"
+        test = "the exact check held" if lead.kind == "exact" else "the lead contrast held its Holm-corrected test"
+        return f"**supported**: {test} on {seeds} seeds"
     if label.startswith("undecided (underpowered"):
-        return (f"**undecided**: the interval is too wide on {seeds} seeds; the power calculation asks for "
-                f"{int(lead.needs_seeds)}")
-    return f"**{label}** ({seeds} seeds)"
+        asks = lead.needs_seeds
+        asks = f"{int(asks)}" if isinstance(asks, float) and asks.is_integer() else str(asks).replace(">", "more than ")
+        return f"**undecided**: the interval is too wide on {seeds} seeds; the power calculation asks for {asks}"
+    if label.startswith("undecided (lead uninformative"):
+        why = label.removeprefix("undecided (lead uninformative").removeprefix(": ").removesuffix(")")
+        return f"**undecided**: the lead row is uninformative{f' ({why})' if why else ''}"
+    return f"**{label}** on {seeds} seeds"
 
 
 def finding_lines(ledger: pd.DataFrame, level: str) -> list[str]:
@@ -80,9 +85,10 @@ def finding_lines(ledger: pd.DataFrame, level: str) -> list[str]:
     for name, group, lead in leads(ledger)[:MAX_FINDINGS]:
         label = finding_status(name, group, lead)["label"]
         pair = f"{lead.a} minus {lead.b}" if isinstance(lead.b, str) and lead.b else f"{lead.a}"
+        measured = "an exact check" if lead.kind == "exact" else f"{lead.subset} accuracy"
         effect = (f"{_signed(lead.estimate)} [{_signed(lead.ci_lo)}, {_signed(lead.ci_hi)}]"
                   if pd.notna(lead.estimate) and pd.notna(lead.ci_lo) else "no estimate")
-        out.append(f"- **{name}**, {lead.isolates}: {pair} on {lead.task} ({lead.subset} accuracy) "
+        out.append(f"- **{name}**, {lead.isolates}: {pair} on {lead.task} ({measured}) "
                    f"{effect}{f' ({level}% interval)' if level and effect != 'no estimate' else ''}; "
                    f"{sureness(label, lead)}.")
     return out

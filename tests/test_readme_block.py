@@ -46,3 +46,19 @@ def test_check_fails_on_a_changed_number_and_the_rewrite_restores_it(tmp_path, c
 def test_a_profile_never_run_says_so(tmp_path):
     (tmp_path / "summary-less").mkdir()
     assert "not yet run" in readme.profile_row("x", "a purpose", tmp_path / "summary-less", "reports/x/README.md")
+
+
+def test_the_block_reads_every_committed_profile_report(tmp_path):
+    """Each profile's committed report as if it were the study's (an uninformative lead, an exact lead, a row
+    asking for more than the seed cap): one line per finding, every estimate a number or "no estimate"."""
+    reports = sorted(p.parent.parent for p in (ROOT / "reports").glob("*/tables/ledger.csv"))
+    assert reports, "no profile report under reports/"
+    for report in reports:
+        root = tmp_path / report.name
+        root.mkdir()
+        (root / "reports").symlink_to(report)
+        (root / "profiles").symlink_to(ROOT / "profiles")
+        lines = [line for line in readme.block(root).splitlines() if line.startswith("- **")]
+        assert lines, report.name
+        assert not any("nan" in line.lower().split() or "[nan" in line for line in lines), (report.name, lines)
+        assert all(re.search(r"\*\*(supported|undecided|contradicted|no effect|not run)", line) for line in lines), lines
