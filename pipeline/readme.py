@@ -135,9 +135,9 @@ def block(root: Path) -> str:
     lines += ["make repro   # the whole study: dvc repro on params.yaml, rewriting reports/",
               "make test    # the test suite (what CI runs), on two pytest-xdist workers", "```", "",
               f"`make repro` {took} (`python -m bench.estimate` prices it on yours first); it ends with DVC "
-              "updating `dvc.lock`, and `reports/README.md` then states the findings above (other CPUs move single "
-              "runs a little; seed means and intervals carry). `make test` ends with pytest's pass count and its "
-              "ten slowest tests.", "",
+              "updating `dvc.lock`, and `reports/README.md` then states the findings above (another CPU's kernels "
+              "move single runs a little: compare seed means and their intervals). `make test` ends with pytest's "
+              "pass count and its ten slowest tests.", "",
               "## Profiles", "", "Each profile is `params.yaml` with a short overlay from `profiles/`, run beside "
               "the default with `bias profile NAME` ([usage](docs/usage.md#profiles)). Runs: trained runs "
               "(cells x seeds; tune trials and teachers not counted).", "",
