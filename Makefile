@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help repro test test-fast lint bench mlflow-ui lock smoke profile
+.PHONY: help repro test test-fast lint bench mlflow-ui lock smoke profile readme
 .DEFAULT_GOAL := help
 
 help:  ## this list (every target installs .venv first when needed)
@@ -39,6 +39,10 @@ test: $(STAMP)  ## every test, the ten slowest listed at the end
 # Between edits: everything that neither runs dvc nor trains (those are marked `slow`; tests/conftest.py).
 test-fast: $(STAMP)  ## the tests that neither train nor run dvc nor start subprocesses
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -n 2 -m "not slow"
+
+# After a study or a profile run: README's numbers are generated (tests/test_readme_block.py fails while stale).
+readme: $(STAMP)  ## rewrite README.md's generated block from reports/ (python -m pipeline.readme)
+	$(BIN)/python -m pipeline.readme
 
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check pipeline tests bench

@@ -152,7 +152,7 @@ def profile_row(name: str, timing: dict) -> dict:
     """One profile's repro in the figures that carry across machines: its minutes beside its machine's ViT step
     time (``--phases``, one process alone) and its ViT runs' own step time in the study (every worker busy), and
     worker-minutes of training per informative paired row, also in thousands of ViT steps at that in-study step
-    time (what carries across machines: docs/design.md §10)."""
+    time (what carries across machines: docs/methods.md)."""
     t, d = timing["training"], timing.get("per_decision", {})
     steps = timing.get("machine_steps_s")
     vit_ms = steps["s"]["vit"] / steps["steps"] * 1e3 if steps and "vit" in steps.get("s", {}) else float("nan")
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         first = sum(by_stage.get(s, 0.0) for s in ("teacher", "tune", "train")) / 60
         lines += ["## Seeds per row", "",
                   f"The seeds each paired and floor row was judged on: {looks.get(1, 0)} rows at the first look, "
-                  f"{looks.get(2, 0)} continued by the plan to a second (docs/design.md §4, sequential seeds). The "
+                  f"{looks.get(2, 0)} continued by the plan to a second (docs/methods.md, sequential seeds). The "
                   f"first look (teacher, tune, train) took {first:.1f} worker-minutes of the stages, the second "
                   f"(`train_more`) {by_stage.get('train_more', 0.0) / 60:.1f}. `needs_seeds`: what the power "
                   f"calculation asks for where a row stayed inconclusive.", "",

@@ -47,6 +47,9 @@ INTERFACE_SUMMARY: Shape = {"checks.checked": int, "checks.held": int, "key_numb
 # reports/summary.json (report stage): the ledger's counts, as `bias repro` prints them.
 REPORT_SUMMARY: Shape = {"ledger": dict}
 
+# reports[/<profile>]/repro_timing.json (bench.repro_breakdown): a repro's seconds, which README's block quotes.
+REPRO_TIMING: Shape = {"total": float}
+
 # data/finetune/<arch>/<run>/metrics.json (stages.finetune): one run fine-tuned at another size (or skipped).
 FINETUNE_RESULT: Shape = {"identity": str, "arch": str, "task": str, "seed": int, "run": str, "position": str,
                           "size": int}

@@ -643,8 +643,8 @@ def test_unwritable_output_folder(stage, option, copy_workspace):
 
 @pytest.mark.slow
 def test_prune_after_shrinking_tasks(copy_workspace, capsys):
-    """README's ablation path: a task dropped from ``train.archs.<arch>.tasks`` leaves finished runs (persisted outputs)
-    with nested folders; the train stage prunes them without crashing and trains the rest."""
+    """docs/usage.md's ablation path: a task dropped from ``train.archs.<arch>.tasks`` leaves finished runs
+    (persisted outputs) with nested folders; the train stage prunes them without crashing and trains the rest."""
     ws = copy_workspace
     stale = ws / "data/runs/resnet/relation"
     for run in ("n128-t20-s0-d0", "n128-t20-s1-d0"):

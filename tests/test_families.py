@@ -70,7 +70,7 @@ def test_every_family_passes_the_family_checks(arch):
 
 
 def test_a_toy_family_added_by_the_checklist_passes_them(tmp_path, monkeypatch):
-    # docs/design.md section 7, followed on a copy of the package: the module, its registry line, its row.
+    # docs/extending.md "A family", followed on a copy of the package: the module, its registry line, its row.
     pkg = tmp_path / "pipeline"
     shutil.copytree(ROOT / "pipeline", pkg, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(TOY, pkg / "families/toy.py")

@@ -121,7 +121,7 @@ def test_quick_profile_is_the_default_with_fewer_cells():
 def test_tasks_profile_is_the_quick_one_on_the_redesigned_tasks():
     """The tasks profile: the quick one on alignment, scale and relation only (issue 27's redesigns). It is the
     record of reports/tasks/, so its cells stay as they ran: every arch on every redesigned task it trained on
-    then, including the relation cells the default has since dropped (docs/design.md §10)."""
+    then, including the relation cells the default has since dropped (docs/methods.md)."""
     quick, tasks = _profile("quick"), _profile("tasks")
     kept = ["alignment", "scale", "relation"]
     assert tasks["tasks"]["names"] == kept and tasks["tracking"]["experiment_prefix"] == "bias-tasks"

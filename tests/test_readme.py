@@ -1,5 +1,6 @@
-"""The README's "Comparing experiments" commands work as printed: each runs on a tiny reproduced repository with
-one experiment, exits 0, and an ``exp show`` table has columns beyond ``Experiment`` and a row per revision."""
+"""The "Compare experiments" commands of docs/usage.md (README links there) work as printed: each runs on a tiny
+reproduced repository with one experiment, exits 0, and an ``exp show`` table has columns beyond ``Experiment`` and
+a row per revision."""
 
 from __future__ import annotations
 
@@ -15,15 +16,16 @@ import tiny_repo
 pytestmark = pytest.mark.slow
 
 
-def readme_commands(section: str = "**Comparing experiments.**") -> list[str]:
-    """The shell commands of the code block that follows ``section`` in the README (comments dropped)."""
-    text = (tiny_repo.ROOT / "README.md").read_text()
+def readme_commands(section: str = "## Compare experiments") -> list[str]:
+    """The shell commands of the code block that follows ``section`` in docs/usage.md (comments dropped)."""
+    text = (tiny_repo.ROOT / "docs" / "usage.md").read_text()
     block = re.search(r"```bash\n(.*?)```", text[text.index(section):], re.S).group(1)
     lines = [line.split("  #")[0].strip() for line in block.splitlines()]
     return [part.strip() for line in lines if line for part in line.split("&&")]
 
 
-def test_the_readme_names_the_commands_it_documents():
+def test_the_docs_name_the_commands_they_document():
+    assert "docs/usage.md" in (tiny_repo.ROOT / "README.md").read_text(), "README.md no longer links docs/usage.md"
     commands = readme_commands()
     assert len(commands) == 5 and sum(c.startswith("dvc exp show") for c in commands) == 3
 

@@ -299,7 +299,7 @@ def test_markdown_cells_escape_the_column_separator():
     assert lines[2].count("|") - lines[2].count(r"\|") == 3  # three column borders, the cell's pipes escaped
 
 
-# Rows the CPU default leaves to the large profile, each for a measured reason (docs/design.md §10): at 16 px
+# Rows the CPU default leaves to the large profile, each for a measured reason (docs/methods.md): at 16 px
 # CIFAR-10 no ViT-family arm clears the learn threshold (reports/quick), so only the references train there; on
 # relation the position arms sit at the ceiling (reports/tasks); the DeiT students sit at chance on arrangement.
 DEFAULT_LEAVES_OUT = {
