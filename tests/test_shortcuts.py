@@ -226,7 +226,7 @@ def test_a_bag_of_local_patterns_reads_shape_anywhere_and_kmeans_bags_have_both_
     assert fit_score(x[:h], shuffled[:h], x[h:], shuffled[h:])["acc"] < 0.62
     g, p = kmeans_bags(images, h, 3, 0, atoms=16)
     assert g.shape[0] == p.shape[0] == N and p.shape[1] == 4 * g.shape[1]
-    assert np.allclose(p.reshape(N, 4, -1).sum(1), g, rtol=1e-4)  # the quadrants add up to the global bag
+    assert np.allclose((p**2).reshape(N, 4, -1).sum(1), g**2, rtol=1e-4)  # quadrants add up (power-normalised)
 
 
 def test_exact_additive_readout_reaches_the_optimum_logistic_misses():
