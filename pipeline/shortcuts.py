@@ -28,12 +28,18 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import OneHotEncoder, StandardScaler
 
+from pipeline.shortcut_bags import exact_additive, kmeans_bags, pattern_bag
+
 Features = Callable[[np.ndarray, pd.DataFrame], np.ndarray]
 
 HIST_BINS = 16  # per-channel intensity histogram bins
 COLOUR_LEVELS = 4  # joint colour histogram: levels per channel (64 bins for RGB)
 FOREGROUND_DIFF = 48  # grey levels from the image's median colour that count as foreground
 RANDOM_FEATURES = 64  # per-patch random ReLU features
+C_GRID = (0.1, 1.0)  # inverse regularisation strengths tried; the best on the val split is scored
+BAGS = ((3, 2), (3, 3), (5, 2), (5, 3))  # (k, levels) of the local-pattern bags: binarised and quantised
+KMEANS_PATCH = 5  # px side of the bag-of-patches dictionary's patches
+POSITION_FREE = "where each local pattern lies, and any arrangement wider than its window"
 
 
 # --------------------------------------------------------------------------- global counts
@@ -169,10 +175,42 @@ def task_baselines(task: str, patch: int, seed: int) -> list[Baseline]:
     factor, objects = OBJECTS[task]
     out = global_baselines() + token_baselines(patch, seed, position_is_factor=task == "arrangement")
     out += [Baseline(name, uses, factor_onehot(cols), uses_factor) for name, cols, uses, uses_factor in objects]
-    if task == "natural":  # the no-architecture reference: every trained model should clear a linear read of pixels
-        out.append(Baseline("raw_pixels", "every pixel value, one linear classifier (no architecture at all)",
-                            lambda im, f: im.reshape(len(im), -1).astype(np.float32)))
+    # the no-architecture reference: every trained model should clear a linear read of pixels
+    out.append(Baseline("raw_pixels", "every pixel value, one linear classifier (no architecture at all)",
+                        lambda im, f: im.reshape(len(im), -1).astype(np.float32)))
     return out
+
+
+def bag_features(images: np.ndarray, n_fit: int, seed: int) -> dict[str, tuple[str, np.ndarray]]:
+    """The position-free bags (pipeline/shortcut_bags.py), name -> (what it sees, features); vocabularies and
+    the dictionary are learned on the first ``n_fit`` images (the training rows)."""
+    out = {}
+    for k, levels in BAGS:
+        kind = "binarised" if levels == 2 else f"{levels}-level quantised"
+        for pooled in (False, True):
+            name = f"bag{k}{'b' if levels == 2 else 'q'}_{'pooled' if pooled else 'global'}"
+            out[name] = (f"counts of {kind} {k}x{k} pixel patterns, {'per image quadrant' if pooled else 'anywhere'}",
+                         pattern_bag(images, n_fit, k, levels, pooled))
+    g, p = kmeans_bags(images, n_fit, KMEANS_PATCH, seed)
+    for name, where, x in (("kmeans_global", "anywhere", g), ("kmeans_pooled", "per image quadrant", p)):
+        out[name] = (f"{KMEANS_PATCH}x{KMEANS_PATCH} patches coded over a k-means dictionary, summed {where}", x)
+    return out
+
+
+IGNORES = {"channel_histograms": "every spatial relation", "colour_histogram": "every spatial relation",
+           "foreground_area": "everything but the area", "tokens_bag": "token position and token mixing",
+           "tokens_pos": "token mixing", "raw_pixels": "nothing by construction (no architecture: a linear read)"}
+
+
+def ignores(task: str, name: str) -> str:
+    """Which factor a baseline ignores, in words (the task's own factor for a one-object baseline)."""
+    if name in IGNORES:
+        return IGNORES[name]
+    if name.startswith(("bag", "kmeans")):
+        return POSITION_FREE
+    if name.endswith("_exact"):
+        return "any interaction between the groups it adds"
+    return OBJECTS[task][0]
 
 
 # --------------------------------------------------------------------------- fitting and scoring
@@ -181,16 +219,22 @@ def wilson(k: int, n: int, confidence: float = 0.95) -> list[float]:
     return [float(ci.low), float(ci.high)]
 
 
-def fit_predict(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray,
-                categorical: bool = False) -> np.ndarray:
-    """Logistic regression fitted on (x_train, y_train); its predicted class for each test row."""
+def fit_predict(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, categorical: bool = False,
+                x_val: np.ndarray | None = None, y_val: np.ndarray | None = None) -> np.ndarray:
+    """Logistic regression fitted on (x_train, y_train); its predicted class for each test row. With a val
+    split, the strength of the regularisation is chosen on it (:data:`C_GRID`), else C = 1."""
     prep = OneHotEncoder(handle_unknown="ignore") if categorical else StandardScaler()
     xtr, xte = prep.fit_transform(x_train), prep.transform(x_test)
-    model = LogisticRegression(C=1.0, max_iter=300)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)  # an unconverged fit only lowers its own floor
-        model.fit(xtr, y_train)
-    return model.predict(xte)
+    best, best_acc = None, -1.0
+    for c in C_GRID if x_val is not None else (1.0,):
+        model = LogisticRegression(C=c, max_iter=300)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)  # an unconverged fit only lowers its own floor
+            model.fit(xtr, y_train)
+        acc = float((model.predict(prep.transform(x_val)) == y_val).mean()) if x_val is not None else 0.0
+        if acc > best_acc:
+            best, best_acc = model, acc
+    return best.predict(xte)
 
 
 def score(correct: np.ndarray) -> dict:
@@ -207,23 +251,41 @@ def fit_score(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_te
 
 def floors(task: str, images: np.ndarray, labels: np.ndarray, factors: pd.DataFrame, train: np.ndarray,
            test: np.ndarray, num_classes: int, patch: int, seed: int,
-           slices: dict[str, np.ndarray] | None = None) -> dict:
+           slices: dict[str, np.ndarray] | None = None, val: np.ndarray | None = None) -> dict:
     """The floors.json record of one task: every baseline's test accuracy (and on each of ``slices``, subsets
-    of ``test`` such as ``slice/id``/``slice/ood``), chance, the floor and its baseline."""
-    rows = np.concatenate([train, test])
+    of ``test`` such as ``slice/id``/``slice/ood``), chance, the floor and its baseline, and per slice the
+    strongest counted baseline (``floor_slices``, ``floor_slice_baselines``). Fitted on ``train``; with ``val``,
+    regularisation is chosen there."""
+    val = np.asarray([], dtype=np.int64) if val is None else val
+    rows = np.concatenate([train, val, test])
     im, fac = images[rows], factors.iloc[rows].reset_index(drop=True)
-    y_train, y_test = labels[train], labels[test]
+    n_tr, n_va = len(train), len(val)
+    y_train, y_val, y_test = labels[train], labels[val], labels[test]
     members = {name: np.isin(test, idx) for name, idx in (slices or {}).items()}
+    features = {b.name: (b.uses, b.uses_factor, b.features(im, fac), getattr(b.features, "categorical", False))
+                for b in task_baselines(task, patch, seed)}
+    features |= {name: (uses, False, x, False) for name, (uses, x) in bag_features(im, n_tr, seed).items()}
+    predicted = {}
+    for name, (uses, uses_factor, x, categorical) in features.items():
+        fit_val = (x[n_tr: n_tr + n_va], y_val) if n_va else (None, None)
+        predicted[name] = (uses, uses_factor, fit_predict(x[:n_tr], y_train, x[n_tr + n_va:], categorical, *fit_val))
+    for name, cols, uses, uses_factor in OBJECTS[task][1]:
+        if len(cols) > 1:  # the exact optimum of the additive readout, beside its logistic fit
+            codes = [fac[c].astype(str).agg("|".join, axis=1).to_numpy() for c in cols]
+            got = exact_additive([g[:n_tr] for g in codes], y_train, [g[n_tr + n_va:] for g in codes])
+            if got is not None:
+                predicted[f"{name}_exact"] = (f"{uses}; the best such rule, found by enumeration", uses_factor, got)
     baselines = {}
-    for b in task_baselines(task, patch, seed):
-        x = b.features(im, fac)
-        correct = fit_predict(x[: len(train)], y_train, x[len(train):], getattr(b.features, "categorical", False))
-        correct = correct == y_test
-        baselines[b.name] = {**score(correct), "uses": b.uses, "uses_factor": b.uses_factor,
-                             "slices": {name: score(correct[m]) for name, m in members.items()}}
+    for name, (uses, uses_factor, pred) in predicted.items():
+        correct = pred == y_test
+        baselines[name] = {**score(correct), "uses": uses, "ignores": ignores(task, name), "uses_factor": uses_factor,
+                           "slices": {s: score(correct[m]) for s, m in members.items() if m.any()}}
     counted = {name: r for name, r in baselines.items() if not r["uses_factor"]}
     best = max(counted, key=lambda name: counted[name]["acc"])
+    per_slice = {s: max(counted, key=lambda n, s=s: counted[n]["slices"][s]["acc"])
+                 for s, m in members.items() if m.any()}
     chance = float(np.bincount(y_test, minlength=num_classes).max() / len(y_test))
     return {"task": task, "factor": OBJECTS[task][0], "chance": chance, "baselines": baselines,
             "floor": counted[best]["acc"], "floor_baseline": best,
-            "floor_slices": {name: max(r["slices"][name]["acc"] for r in counted.values()) for name in members}}
+            "floor_slices": {s: counted[n]["slices"][s]["acc"] for s, n in per_slice.items()},
+            "floor_slice_baselines": per_slice}

@@ -34,7 +34,7 @@ LAYERS = (
                         "evaluation")),
     ("around the runs", ("run_inputs", "pruning", "trained", "executor", "mlflow_store", "tracking", "live_runs",
                          "experiment")),
-    ("beside the runs", ("shortcuts", "interface/", "finetune")),
+    ("beside the runs", ("shortcut_bags", "shortcuts", "interface/", "finetune")),
     ("the report", tuple(f"report/{m}" for m in (
         "sources", "sequential", "stats", "aggregate", "cells", "learnability", "contrasts", "gate", "measure",
         "ledger", "seeds", "markdown", "figures", "dvc_plots", "natural", "finetune", "collisions", "pages"))),

@@ -15,7 +15,7 @@ from pipeline import profiles
 from pipeline.archs import ARCHS
 from pipeline.config import ArchEntry, load_params
 from pipeline.grid import configured_cells
-from pipeline.report import cells, contrasts, ledger, markdown, measure, natural, pages, sources
+from pipeline.report import cells, contrasts, gate, ledger, markdown, measure, natural, pages, sources
 from pipeline.stages import report as report_stage
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -412,3 +412,34 @@ def test_distillation_table_reads_one_configuration_with_seed_intervals_and_the_
     row = long.set_index(["arch", "where"]).loc[("deit", "test")]
     assert (row.seeds, row["mean"]) == (2, pytest.approx(0.5)) and row.ci_lo < 0.5 < row.ci_hi
     assert set(long["where"]) == {"test"}  # NaN rates (no ood slice here) are left out, not averaged as 0
+
+
+def test_a_winner_below_its_slice_floor_is_not_decided():
+    """A row decides on a slice only when the arm it says wins clears that slice's strongest shortcut by the
+    margin (an "= 0" row: both arms); the losing arm of a "+" row may sit below it (that is the finding)."""
+    slice_floors = {"scale": {"chance": 0.5, "floor": 0.88, "floor_baseline": "tokens_bag",
+                              "floor_slice_baselines": {"slice/ood": "bag3b_global"}, "baselines": {
+                                  "tokens_bag": {"acc": 0.88, "n": 100, "slices": {"slice/ood": {"acc": 0.82, "n": 50},
+                                                                                  "slice/id": {"acc": 0.97, "n": 50}}},
+                                  "bag3b_global": {"acc": 1.0, "n": 100, "slices": {"slice/ood": {"acc": 1.0, "n": 50},
+                                                                                   "slice/id": {"acc": 1.0, "n": 50}}},
+                                  "size_alone": {"acc": 1.0, "n": 100, "uses_factor": True,
+                                                 "slices": {"slice/ood": {"acc": 1.0, "n": 50}}}}}}
+    assert measure.floor_of(slice_floors, "scale", subset="slice/ood") == (1.0, "bag3b_global")
+    assert measure.floor_of(slice_floors, "scale", ("bag3b_global",), "slice/ood") == (0.82, "tokens_bag")
+    assert measure.floor_of(slice_floors, "scale", subset="slice/window=cross") == (1.0, "bag3b_global")  # test's
+    assert measure.learning_floor(slice_floors, "scale") == 1.0  # the in-distribution slice's floor
+    row = {"kind": "paired", "finding": "scale", "a": "resnet", "b": "vit", "subset": "slice/ood", "expect": "+",
+           "margin": 0.04}
+    m = {"seeds": 3, "acc_a": 0.95, "acc_b": 0.70, "in_a": 1.0, "in_b": 1.0, "learn_at": 0.75, "chance": 0.5,
+         "floor": 1.0, "floor_baseline": "bag3b_global"}
+    reason = gate.gate(row, m, 0.01)
+    assert reason.startswith("a shortcut reaches slice/ood: bag3b_global 1.000") and "resnet 0.950" in reason
+    assert "vit" not in reason  # the loser below the floor is the finding, not a reason
+    above = {**m, "floor": 0.82, "floor_baseline": "tokens_bag"}
+    assert gate.gate(row, above, 0.01) == ""  # 0.95 clears 0.82 + 0.04; vit at 0.70 below it does not matter
+    assert gate.gate(row, {**above, "acc_a": 0.85}, 0.01).startswith("a shortcut reaches slice/ood: tokens_bag")
+    same = {**row, "expect": "0"}
+    assert "vit 0.700" in gate.gate(same, above, 0.01)  # an equivalence needs both arms above the floor
+    assert gate.gate(same, {**above, "acc_b": 0.9}, 0.01) == ""
+    assert gate.gate({**row, "subset": gate.SPEED}, m, 0.01) == ""  # speeds: no accuracy to hold to a floor

@@ -11,6 +11,7 @@ import pytest
 import tiny_repo
 import yaml
 
+from pipeline.shortcut_bags import BAG_VOCAB, exact_additive, kmeans_bags, pattern_bag, staircase_fit
 from pipeline.shortcuts import (
     channel_histograms,
     colour_histogram,
@@ -166,7 +167,14 @@ def test_shortcuts_stage_on_generated_data(tmp_path, capsys):
     assert all(b["n"] == 60 and b["uses"] and b["ci"][0] <= b["acc"] <= b["ci"][1] for b in rec["baselines"].values())
     # Twin pairs give identical global counts to both labels: exactly chance on a whole-pair test split.
     assert rec["baselines"]["colour_histogram"]["acc"] == 0.5
-    assert "| a_alone |" in report.read_text() and rec["floor_slices"] == {}  # relation has no id/ood
+    page = report.read_text()
+    assert "| a_alone |" in page and "| slice/window=cross |" in page and "a_plus_b_exact" in rec["baselines"]
+    # every slice of the splits has its own floor, named: the strongest counted baseline there
+    with np.load(slices / "indices.npz") as z:
+        assert set(rec["floor_slices"]) == {k for k in z.files if k.startswith("slice/") and len(z[k])}
+    for name, acc in rec["floor_slices"].items():
+        assert acc == max(b["slices"][name]["acc"] for b in rec["baselines"].values() if not b["uses_factor"])
+        assert rec["baselines"][rec["floor_slice_baselines"][name]]["slices"][name]["acc"] == acc
 
     # Splits without train_<train.size>, or unreadable: one line naming the key or file, nothing written.
     fresh = tmp_path / "fresh"
@@ -181,14 +189,14 @@ def test_shortcuts_stage_on_generated_data(tmp_path, capsys):
     assert "indices.npz" in err and "\n" not in err and not fresh.exists()
 
 
-def test_natural_floors_include_a_linear_read_of_raw_pixels():
-    # The no-architecture reference of the natural task: a logistic regression on every pixel, counted as a
+def test_floors_include_a_linear_read_of_raw_pixels():
+    # The no-architecture reference of every task: a logistic regression on every pixel, counted as a
     # floor (it does not see a factor label, only the image); on images whose class is one pixel's value it
     # reads that pixel.
     from pipeline.shortcuts import fit_score, task_baselines
 
     raw = {b.name: b for b in task_baselines("natural", P, 0)}["raw_pixels"]
-    assert not raw.uses_factor and "raw_pixels" not in {b.name for b in task_baselines("scale", P, 0)}
+    assert not raw.uses_factor and "raw_pixels" in {b.name for b in task_baselines("scale", P, 0)}
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, size=(400, 8, 8, 3), dtype=np.uint8)
     labels = rng.integers(0, 2, 400)
@@ -196,3 +204,55 @@ def test_natural_floors_include_a_linear_read_of_raw_pixels():
     x = raw.features(images, pd.DataFrame())
     assert x.shape == (400, 192)
     assert fit_score(x[:300], labels[:300], x[300:], labels[300:])["acc"] >= 0.95
+
+
+def test_a_bag_of_local_patterns_reads_shape_anywhere_and_kmeans_bags_have_both_poolings():
+    """Label = a plus or an x drawn at a random place: pixel position is irrelevant, the 3x3 pattern decides.
+    A binarised 3x3 bag reaches 1.0 on held-out images; on shuffled labels it stays near chance."""
+    rng = np.random.default_rng(3)
+    images, y = _canvas(rng), rng.integers(0, 2, N)
+    plus, cross = np.array([[0, 1, 0], [1, 1, 1], [0, 1, 0]]), np.array([[1, 0, 1], [0, 1, 0], [1, 0, 1]])
+    for i in range(N):
+        r, c = rng.integers(0, S - 3, 2)
+        images[i, r: r + 3, c: c + 3][(plus if y[i] else cross) == 1] = 250
+    h = N // 2
+    for pooled in (False, True):
+        x = pattern_bag(images, h, 3, 2, pooled)
+        assert x.shape[1] <= (4 if pooled else 1) * (min(BAG_VOCAB, 2**9) + 1)
+        assert (x.sum(1) == (S - 2) ** 2).all()  # every 3x3 window counted once, in one bin
+        assert fit_score(x[:h], y[:h], x[h:], y[h:])["acc"] == 1.0
+    shuffled = rng.permutation(y)
+    x = pattern_bag(images, h, 3, 2, False)
+    assert fit_score(x[:h], shuffled[:h], x[h:], shuffled[h:])["acc"] < 0.62
+    g, p = kmeans_bags(images, h, 3, 0, atoms=16)
+    assert g.shape[0] == p.shape[0] == N and p.shape[1] == 4 * g.shape[1]
+    assert np.allclose((p**2).reshape(N, 4, -1).sum(1), g**2, rtol=1e-4)  # quadrants add up (power-normalised)
+
+
+def test_exact_additive_readout_reaches_the_optimum_logistic_misses():
+    """relation's structure: label 1 iff colour(B) = colour(A) + 1 (mod 4), else colour(A) - 1. Every additive
+    rule u(A) + v(B) > 0 gets at most 6 of the 8 configurations; enumeration finds 0.75, the logistic fit on
+    separate one-hots (palette-symmetric loss) stays near chance."""
+    rng = np.random.default_rng(4)
+    a = rng.integers(0, 4, 4000)
+    y = rng.integers(0, 2, 4000)
+    b = (a + np.where(y == 1, 1, -1)) % 4
+    h = 2000
+    got = exact_additive([a[:h], b[:h]], y[:h], [a[h:], b[h:]])
+    assert abs((got == y[h:]).mean() - 0.75) < 0.03
+    f = pd.DataFrame({"a": a, "b": b})
+    sep = factor_onehot([["a"], ["b"]])(None, f)
+    assert fit_score(sep[:h], y[:h], sep[h:], y[h:], True)["acc"] < (got == y[h:]).mean() - 0.1
+    # brute force over every 0/1 table that is a staircase: none beats the enumeration on the training rows
+    pos, neg = np.zeros((4, 4)), np.zeros((4, 4))
+    np.add.at(pos, (a[:h], b[:h]), y[:h] == 1)
+    np.add.at(neg, (a[:h], b[:h]), y[:h] == 0)
+    table, right = staircase_fit(pos, neg)
+    u, v = np.arange(4), np.arange(4)
+    best = max(int((pos * t + neg * (1 - t)).sum()) for t in (
+        ((u[:, None] * su + v[None, :] * sv) > th).astype(int)
+        for su in (1, -1) for sv in (1, -1) for th in np.arange(-7, 8) + 0.5))
+    assert right >= best and right == int((pos * table + neg * (1 - table)).sum())
+    # one group: the majority label of each value (a lookup, exact)
+    one = exact_additive([a[:h]], (a[:h] == 2).astype(np.int64), [a[h:]])
+    assert (one == (a[h:] == 2)).all()

@@ -30,7 +30,10 @@ def gate(row: dict, m: dict, tol: float) -> str:
     Exact rows are not gated, nor floor rows (a floor prediction is about not learning) except one that names a
     ``learned_on`` slice: "at the floor where the arm cannot reach" says something only if the arm learned where
     it can (a model at chance everywhere sits at the floor across windows too, for another reason). A budget row
-    (one arch, two budgets) needs no learned arm (learning under the longer budget is its question)."""
+    (one arch, two budgets) needs no learned arm (learning under the longer budget is its question).
+
+    On the compared slice, the arm a row says wins must clear that slice's strongest shortcut floor by the
+    row's margin (an "= 0" row: both arms), or a shortcut could explain the result (:func:`below_floor`)."""
     if row["kind"] == "floor" and row.get("learned_on") and m.get("seeds") and not m["in_a"] >= m["learn_at"]:
         return f"{row['a']} did not learn: {row['learned_on']} {m['in_a']:.3f} (needs >= {m['learn_at']:.3f})"
     if row["kind"] != "paired" or not m.get("seeds"):
@@ -43,6 +46,7 @@ def gate(row: dict, m: dict, tol: float) -> str:
         learning_is_the_question = row["subset"] in LEARNING_SUBSETS and row["expect"] == "+"
         if not learning_is_the_question or len(missed) == 2:
             reasons += missed
+    reasons += below_floor(row, m)
     a, b = m["acc_a"], m["acc_b"]
     if row["subset"] == SPEED:  # speeds, not accuracies: no ceiling or chance on this scale
         pass
@@ -53,3 +57,20 @@ def gate(row: dict, m: dict, tol: float) -> str:
         # wrong less often than a random guess means being right there, which is learning, not its absence
         reasons.append(f"both at chance on {row['subset']}: {a:.3f} and {b:.3f} (chance {m['chance']:.3f})")
     return "; ".join(reasons)
+
+
+def below_floor(row: dict, m: dict) -> list[str]:
+    """The gate reason of a paired accuracy row whose predicted winner (a "+" row's ``a``; both arms of an
+    "= 0" row) does not clear the compared slice's shortcut floor by the row's margin: "a shortcut reaches
+    <slice>: <baseline> <acc>". Not speed rows (no accuracy), agreement rows (agreement, not accuracy) or budget
+    rows (one arch against itself); the losing arm of a "+" row may sit below the floor (that is the finding)."""
+    floor = m.get("floor", float("nan"))
+    if floor != floor or row["subset"] == SPEED or row["subset"].startswith("agree/") or row["finding"] == "budget":
+        return []
+    arms = ((row["a"], m["acc_a"]),) if row["expect"] == "+" else ((row["a"], m["acc_a"]), (row["b"], m["acc_b"]))
+    need = floor + row["margin"]
+    short = [f"{arm} {acc:.3f}" for arm, acc in arms if not acc >= need]
+    if not short:
+        return []
+    return [f"a shortcut reaches {row['subset']}: {m['floor_baseline']} {floor:.3f} ({', '.join(short)}; needs "
+            f">= {need:.3f})"]

@@ -6,9 +6,11 @@ item-level results; this module decides and orders them:
 
 - ``paired``: ``a - b`` on the same test items with the same seeds: per seed the difference of mean accuracy
   (twin pairs averaged first), then a seed-level paired t interval, a directional t test and TOST against the
-  row's margin; decided only when both arms learned in distribution and are not both at the ceiling or at
-  chance on the compared slice (:func:`pipeline.report.gate.gate`), else "uninformative" with the reason in words;
-- ``floor``: ``a - floor`` where floor = the task's strongest shortcut baseline (data/shortcuts/<task>/floors.json),
+  row's margin; decided only when both arms learned in distribution, are not both at the ceiling or at
+  chance on the compared slice, and the arm it says wins clears that slice's shortcut floor by the margin
+  (:func:`pipeline.report.gate.gate`), else "uninformative" with the reason in words;
+- ``floor``: ``a - floor`` where floor = the strongest shortcut baseline on the row's slice
+  (data/shortcuts/<task>/floors.json),
   judged against the floor's upper bound (Wilson on its n items, or the analytic bound where higher): a
   structural limit predicts "at the shortcut floor", not "chance" (every readout here sums per-token terms);
 - ``exact``: algebra judged exactly, not by an interval (vit_nopos: twin logits equal, so accuracy on complete

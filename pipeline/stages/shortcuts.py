@@ -1,9 +1,9 @@
 """Stage ``shortcuts``: one task's shortcut floors (pipeline/shortcuts.py), fitted on ``train_<train.size>``,
-scored on ``test``.
+scored on ``test`` and each of its slices (regularisation chosen on ``val``).
 
 Reads the task's pool (``<data>``) and its splits (``<slices>/indices.npz``); writes ``<out>/floors.json``
-(``task, factor, chance, baselines {name: {acc, n, ci, uses, uses_factor, slices}}, floor, floor_baseline,
-floor_slices``; slices: ``slice/id`` and ``slice/ood`` where the task has them) or
+(``task, factor, chance, baselines {name: {acc, n, ci, uses, ignores, uses_factor, slices}}, floor, floor_baseline,
+floor_slices, floor_slice_baselines``; slices: every ``slice/...`` of the splits) or
 nothing, and a short Markdown table at ``--report``.
 """
 
@@ -47,21 +47,35 @@ def load_split(slices: Path, names: list[str]) -> list[np.ndarray]:
     return [arrays[n] for n in names]
 
 
-def load_optional(slices: Path, names: list[str]) -> dict[str, np.ndarray]:
-    """Those of ``names`` the splits hold (the in/out-of-distribution slices exist only for some tasks)."""
+def load_slices(slices: Path) -> dict[str, np.ndarray]:
+    """Every slice of test the splits hold (``slice/...``: a row may decide on any of them)."""
     with np.load(checked_arrays(slices / "indices.npz"), allow_pickle=False) as z:
-        return {n: z[n] for n in names if n in z.files}
+        return {n: z[n] for n in z.files if n.startswith("slice/")}
+
+
+# Slices whose floors the page tabulates per baseline (the ones the ledger's rows decide or learn on).
+PAGE_SLICES = ("slice/id", "slice/ood", "slice/window=same", "slice/window=cross")
 
 
 def markdown(record: dict) -> str:
+    shown = [s for s in PAGE_SLICES if s in record["floor_slices"]]
     lines = [f"# Shortcut floors: {record['task']}", "",
-             f"Factor: {record['factor']}. Chance {record['chance']:.3f}; floor **{record['floor']:.3f}** "
-             f"({record['floor_baseline']}). Baselines that see the factor are listed but not counted.",
-             *[f"Floor on {name}: {acc:.3f}." for name, acc in record["floor_slices"].items()], "",
-             "| baseline | acc | 95% Wilson CI | n | sees | counted |", "|---|---|---|---|---|---|"]
+             f"Factor: {record['factor']}. Chance {record['chance']:.3f}; floor on test **{record['floor']:.3f}** "
+             f"({record['floor_baseline']}). Baselines that see the factor are listed but not counted. A row "
+             "decides on a slice only when its winning arm clears that slice's floor (docs/design.md §4).", "",
+             "| slice | n | floor | baseline | it ignores |", "|---|---|---|---|---|",
+             f"| test | {record['baselines'][record['floor_baseline']]['n']} | {record['floor']:.3f} | "
+             f"{record['floor_baseline']} | {record['baselines'][record['floor_baseline']].get('ignores', '')} |"]
+    for name, acc in record["floor_slices"].items():
+        b = record["baselines"][record["floor_slice_baselines"][name]]
+        lines.append(f"| {name} | {b['slices'][name]['n']} | {acc:.3f} | {record['floor_slice_baselines'][name]} | "
+                     f"{b.get('ignores', '')} |")
+    lines += ["", f"| baseline | test | 95% Wilson CI | {' | '.join(shown)}{' | ' if shown else ''}sees | ignores | "
+              "counted |", "|---|---|---|" + "---|" * len(shown) + "---|---|---|"]
     for name, b in record["baselines"].items():
-        lines.append(f"| {name} | {b['acc']:.3f} | [{b['ci'][0]:.3f}, {b['ci'][1]:.3f}] | {b['n']} | {b['uses']} | "
-                     f"{'no (sees the factor)' if b['uses_factor'] else 'yes'} |")
+        per = "".join(f"{b['slices'][s]['acc']:.3f} | " for s in shown)
+        lines.append(f"| {name} | {b['acc']:.3f} | [{b['ci'][0]:.3f}, {b['ci'][1]:.3f}] | {per}{b['uses']} | "
+                     f"{b.get('ignores', '')} | {'no (sees the factor)' if b['uses_factor'] else 'yes'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -73,8 +87,8 @@ def main(argv: list[str] | None = None) -> None:
         raise ConfigError(f"{args.params}: tasks.names: {args.task!r} is not an enabled task {params.tasks.names}")
     data = Path(args.data)
     labels, factors, meta = load_task(data)
-    train, test = load_split(Path(args.slices), [f"train_{params.train.size}", "test"])
-    slices = load_optional(Path(args.slices), ["slice/id", "slice/ood"])
+    train, val, test = load_split(Path(args.slices), [f"train_{params.train.size}", "val", "test"])
+    slices = load_slices(Path(args.slices))
     try:
         images = np.load(checked_arrays(data / "images.npy"), mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError) as err:
@@ -84,12 +98,12 @@ def main(argv: list[str] | None = None) -> None:
                          f"{images.shape} vs {labels.shape}")
     if sha256_bytes(np.ascontiguousarray(images).tobytes()) != meta["sha256"]["images"]:
         raise StageError(f"{data / 'images.npy'}: sha256 differs from meta.json (modified after generation?)")
-    for name, idx in {"train": train, "test": test, **slices}.items():
+    for name, idx in {"train": train, "val": val, "test": test, **slices}.items():
         if len(idx) and (idx.min() < 0 or idx.max() >= len(labels)):
             raise StageError(f"{Path(args.slices) / 'indices.npz'}: {name} has indices outside the pool of "
                              f"{len(labels)} images")
     record = floors(args.task, images, labels, factors, train, test, meta["num_classes"],
-                    params.geometry.patch_size, params.seed, slices)
+                    params.geometry.patch_size, params.seed, slices, val)
     with atomic_dir(args.out) as tmp:
         write_json(tmp / "floors.json", record)
     if args.report:
