@@ -1,6 +1,6 @@
 """Profiles: ``params.yaml`` with a short overlay on top, composed into the full params file a profile runs with.
 
-``profiles/<name>.yaml`` holds only what the profile changes (docs/design.md §10). :func:`compose` lays it over
+``profiles/<name>.yaml`` holds only what the profile changes (docs/methods.md). :func:`compose` lays it over
 ``params.yaml``: a mapping merges key by key, a list or scalar replaces the base's value, and a mapping tagged
 ``!replace`` is taken whole (how a profile drops or adds architectures, grids or students; it may name a key the
 base lacks). Any other key the base lacks is refused, naming the overlay and the key: a misspelt key would

@@ -1,6 +1,6 @@
 """Matched tuning: every cell of the main grid gets the same learning-rate trials, judged on validation only.
 
-Policy (docs/design.md §4): each (arch, task) cell, distilled students included, trains once per value of
+Policy (docs/methods.md): each (arch, task) cell, distilled students included, trains once per value of
 ``tune.lrs`` at the main budget (``train.recipe`` with only the learning rate changed, to the criterion or the
 cap) on ``tune.seed``, a seed no run of the study trains with. The cell's learning rate is the trial that held the
 criterion (in-distribution validation accuracy) in the fewest steps, ties to the higher validation accuracy; if

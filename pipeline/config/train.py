@@ -157,7 +157,7 @@ class Tune(Section):
         return self
 
 class Plan(Section):
-    """The second look (docs/design.md §4 "Sequential seeds"): the ``plan`` stage reads the first look's ledger
+    """The second look (docs/methods.md "Sequential seeds"): the ``plan`` stage reads the first look's ledger
     (every cell at ``train.seeds``) and gives a paired row that is informative but inconclusive the seeds its
     power calculation asks for, when that is at most ``max_seeds``; ``train_more`` trains only those. Each look is
     one Holm family at half of ``1 - report.confidence``. ``max_seeds`` at or below the first look's seed count:

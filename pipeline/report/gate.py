@@ -16,7 +16,7 @@ UNREACHED = "did not reach train.criterion"  # a speed row's gate reason: a seed
 
 
 def gate(row: dict, m: dict, tol: float) -> str:
-    """Why a paired row cannot be decided ("" when it can); stated in docs/design.md §4 (Learnability):
+    """Why a paired row cannot be decided ("" when it can); stated in docs/methods.md (Learnability):
 
     - compared out of distribution (an unseen factor value, or a slice an arm cannot reach): both arms must have
       learned on the row's ``learned_on`` slice (default in distribution), so generalisation is compared at

@@ -194,7 +194,7 @@ def _up(r) -> bool:
 
 def _combined(first, new, w: tuple[float, float]) -> list[float]:
     """A continued row's look-2 p, p_tost and p_out: the inverse-normal combination (fixed weights ``w``) of its
-    look-1 one-sided p-values and those of its new seeds alone (docs/design.md §4, "Error rates")."""
+    look-1 one-sided p-values and those of its new seeds alone (docs/methods.md, "Error rates")."""
     def greater(r) -> float:  # the directional two-sided t p made one-sided ("greater"), by the estimate's side
         return r["p"] / 2 if _up(r) else 1 - r["p"] / 2
 

@@ -51,7 +51,7 @@ LEDGER_NOTE = ("Rows and their margins are fixed in pipeline/report/contrasts.cs
                "equivalent (TOST) / uninformative / inconclusive (with the smallest effect it could detect at its "
                "seeds, and the seeds 80% power needs at the row's Holm level for its smallest effect of interest, "
                "`sesoi` in contrasts.csv, from the per-seed sd made median-unbiased for the variance); default margin "
-               "{margin}. docs/design.md §4 states the rules.")
+               "{margin}. docs/methods.md states the rules.")
 
 LOOKS = ("two looks, 1 - report.confidence spent in the first look's share of plan.max_seeds: look 1 at alpha "
          "{a1:.3g} judges every row on train.seeds; look 2 at alpha {a2:.3g}, over every row again, judges the rows "
@@ -68,7 +68,7 @@ SEEDS_NOTE = ("The plan stage reads the first look's ledger ({first} seeds per c
               "floor row that is informative but inconclusive when its power calculation asks for at most "
               "plan.max_seeds ({cap}) seeds, and each row uninformative only because an arm is split (some of its "
               "seeds learned, some not), to report.min_seeds_bimodal seeds; train_more trains its cells at the new "
-              "seeds and look 2 judges it on them (docs/design.md §4, Sequential seeds). `look1`: the first look's "
+              "seeds and look 2 judges it on them (docs/methods.md, Sequential seeds). `look1`: the first look's "
               "verdict; `seeds`: the seeds the row is judged on; `price_kvit`: what the extra seeds of a row the rules "
               "continue cost, in thousands of ViT-step equivalents (its cells' first-look steps times each model's "
               "relative step cost; rows are bought cheapest first, a cell shared with a cheaper row counted once; "

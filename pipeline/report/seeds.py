@@ -1,4 +1,4 @@
-"""Sequential seeds: the second look's plan, a function of the first look's ledger (docs/design.md §4).
+"""Sequential seeds: the second look's plan, a function of the first look's ledger (docs/methods.md).
 
 Look 1 judges every ledger row on ``train.seeds``. A paired or floor row outside the budget axis that is
 informative (its gate passed) but inconclusive, and whose power calculation asks for at most ``plan.max_seeds``

@@ -1,6 +1,6 @@
 """The two-look design's error control: the combination test and a simulation of the whole procedure.
 
-The rule (docs/design.md §4, "Error rates"): look 1 is one Holm family at alpha_1 over every decision test of every
+The rule (docs/methods.md, "Error rates"): look 1 is one Holm family at alpha_1 over every decision test of every
 decided row; look 2 is one Holm family at alpha_2 over the same members, where a row the plan continued is tested
 on a pre-specified inverse-normal combination of its look-1 one-sided p and the one-sided p of its **new seeds
 only** (weights sqrt(n1 / N) and sqrt(1 - n1 / N), n1 = the first look's seeds, N = ``plan.max_seeds``), and a row

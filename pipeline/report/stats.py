@@ -1,6 +1,6 @@
 """Pure statistics for the report: proportion intervals, seed-level t inference, TOST, Holm, power.
 
-Conventions (stated in the report and in docs/design.md §4):
+Conventions (stated in the report and in docs/methods.md):
 
 - one proportion (an accuracy on n items, a share of seeds): Wilson (scipy ``binomtest(...).proportion_ci``);
 - "k of n seeds reached the threshold": Clopper-Pearson exact (same scipy call, ``method="exact"``);

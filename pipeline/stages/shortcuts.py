@@ -62,7 +62,7 @@ def markdown(record: dict) -> str:
     lines = [f"# Shortcut floors: {record['task']}", "",
              f"Factor: {record['factor']}. Chance {record['chance']:.3f}; floor on test **{record['floor']:.3f}** "
              f"({record['floor_baseline']}). Baselines that see the factor are listed but not counted. A row "
-             "decides on a slice only when its winning arm clears that slice's floor (docs/design.md §4).", "",
+             "decides on a slice only when its winning arm clears that slice's floor (docs/methods.md).", "",
              "| slice | n | floor | baseline | it ignores |", "|---|---|---|---|---|",
              f"| test | {record['baselines'][record['floor_baseline']]['n']} | {record['floor']:.3f} | "
              f"{record['floor_baseline']} | {record['baselines'][record['floor_baseline']].get('ignores', '')} |"]

@@ -6,7 +6,7 @@ ViT), the *offset* ``(dx, dy)`` in ``0..P-1`` is the alignment to the grid (chan
 patch contains). The two are drawn independently and recorded apart, so a reader can separate a shift of the
 scene from a change of alignment. ``fit`` rows draw both offsets from ``train_offsets``; ``eval`` rows from
 all of ``0..P-1`` (``id`` = both offsets inside the training range). ``transfer_n`` rows more, from their own
-random stream, have offsets outside the training range only: the distillation transfer set (docs/design.md §4).
+random stream, have offsets outside the training range only: the distillation transfer set (docs/methods.md).
 
 Difficulty knobs: ``num_classes``, ``glyph_size``, ``glyph_flips`` (two glyphs differ in exactly
 ``2 * glyph_flips`` pixels: small = similar), ``clutter`` (random foreground pixels), ``noise``.

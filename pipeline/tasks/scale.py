@@ -3,7 +3,7 @@
 Shapes are exact integer masks (:mod:`pipeline.shapes`), so every machine draws the same pixels. ``fit`` rows
 draw sizes from ``train_sizes``; ``eval`` rows from ``min_size..max_size`` (``id`` = size inside the training
 range), so unseen sizes are tested. ``transfer_n`` rows more, from their own random stream, have unseen sizes
-only: the distillation transfer set (docs/design.md §4).
+only: the distillation transfer set (docs/methods.md).
 
 Factors: size (px), size_rel (size / P), size_bin (``sub``: s < P, ``patch``: P <= s < 2P, ``multi``:
 s >= 2P), x/y (top-left), straddles (the box crosses a patch boundary in x or y), rotation (degrees; with
