@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -127,10 +128,22 @@ def estimate(params, timing: dict, factor: float, study=None) -> pd.DataFrame:
     return pd.concat([other, table])
 
 
-def this_machine_vit_ms() -> float:
+def this_machine_vit_ms() -> tuple[float, float]:
+    """The fastest and slowest of two measurements of this machine's ms per ViT step (a busy machine moves them
+    apart: the estimate is then a range, and a warning says why)."""
     from bench import overheads
 
-    return overheads.breakdown("vit", MEASURE_STEPS, repeat=1)["phases"]["fit/steps"] / MEASURE_STEPS * 1e3
+    seconds = overheads.breakdown("vit", MEASURE_STEPS, repeat=2)["steps_s"]
+    return min(seconds) / MEASURE_STEPS * 1e3, max(seconds) / MEASURE_STEPS * 1e3
+
+
+def load_warning() -> str | None:
+    """A line when other work competes for the cores now (1-minute load average above the core count)."""
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if load > cores:
+        return (f"warning: load average {load:.1f} on {cores} cores: other work is running, so this machine's step "
+                "time and every figure below are inflated; measure again on an idle machine")
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
                          "`python -m bench.repro_breakdown --phases` on a full repro")
     ref = timing["machine_steps_s"]
     study_ms = ref["s"]["vit"] / ref["steps"] * 1e3
-    here_ms = args.vit_ms or this_machine_vit_ms()
+    if args.vit_ms is None and (warning := load_warning()):
+        print(warning)
+    lo_ms, here_ms = (args.vit_ms, args.vit_ms) if args.vit_ms else this_machine_vit_ms()
     paths = [Path("params.yaml"), *sorted(Path(profiles.DIR).glob("*.yaml"))] if args.all else args.params
     summary = []
     try:
@@ -167,9 +182,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         table = estimate(params, timing, here_ms / study_ms, study)
         total, cap = round(table.expected_s.sum() / 60), round(table.cap_s.sum() / 60)
-        print(f"{path}: expected dvc repro {total} min ({total // 60}:{total % 60:02d}), at most {cap} min with "
-              f"every run at its cap; this machine's ViT step {here_ms:.2f} ms, the study's {study_ms:.2f} ms "
-              f"({args.timing})")
+        low = round(table.expected_s.sum() / 60 * lo_ms / here_ms)  # the fastest measurement's pricing
+        span = f"{low}-{total} min" if low < total else f"{total} min ({total // 60}:{total % 60:02d})"
+        step = f"{lo_ms:.2f}-{here_ms:.2f} ms" if lo_ms < here_ms else f"{here_ms:.2f} ms"
+        print(f"{path}: expected dvc repro {span}, at most {cap} min with every run at its cap; this machine's ViT "
+              f"step {step}, the study's {study_ms:.2f} ms ({args.timing})")
         print((table[["runs", "expected_s", "cap_s"]] / [1, 60, 60]).rename(
             columns={"expected_s": "expected_min", "cap_s": "cap_min"}).to_markdown(floatfmt=".1f"))
         summary.append({"profile": str(path), "runs": int(table.runs.sum()), "expected_min": total, "cap_min": cap})

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import subprocess
 import sys
 import tempfile
@@ -74,8 +75,9 @@ def one_run(params, arch: str, steps: int, folder: Path, n_train: int, n_val: in
     phases["model"] = time.perf_counter() - t
 
     t = time.perf_counter()
+    # artifacts beside the store: with no location MLflow puts them in ./mlruns of the caller's working tree
     logger = MLFlowLogger(experiment_name="bench", tracking_uri=f"sqlite:///{folder / 'mlflow.db'}",
-                          run_name=f"{arch}", log_model=False)
+                          run_name=f"{arch}", log_model=False, artifact_location=(folder / "artifacts").as_uri())
     logger.log_hyperparams({"arch": arch, "steps": steps, **r.model_dump(mode="json")})
     phases["mlflow"] = time.perf_counter() - t
 
@@ -117,8 +119,11 @@ def breakdown(arch: str, steps: int, repeat: int, n_train: int = 4000, n_val: in
     from pipeline.config import Params
     from pipeline.executor import cheap_cuda_check
     from pipeline.learner import quiet_lightning, training_threads
+    from pipeline.mlflow_store import NOISY
 
     quiet_lightning()
+    for name, level in NOISY.items():  # "Creating initial MLflow database tables..." and the like
+        logging.getLogger(name).setLevel(level)
     cheap_cuda_check()  # as every run does (pipeline.executor._call)
     training_threads(1)
     params = Params.model_validate(yaml.safe_load((ROOT / "params.yaml").read_text()))
@@ -137,7 +142,8 @@ def breakdown(arch: str, steps: int, repeat: int, n_train: int = 4000, n_val: in
     phases = {"imports": import_seconds(), **runs[-1]["phases"]}
     total = sum(v for k, v in phases.items() if not k.startswith("fit/")) + phases["fit/fit"]
     return {"arch": arch, "steps": steps, "phases": phases, "mlflow_store_s": store_s, "total_s": total,
-            "step_share": phases["fit/steps"] / total, "identical": identical if repeat > 1 else None}
+            "step_share": phases["fit/steps"] / total, "identical": identical if repeat > 1 else None,
+            "steps_s": [r["phases"]["fit/steps"] for r in runs]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,3 +46,27 @@ def test_the_report_param_edited_is_the_one_the_fewest_other_stages_read(tmp_pat
     lock["stages"]["plan"]["params"]["params.yaml"] = {"report": {}}  # now plan reads every report key
     (tmp_path / "dvc.lock").write_text(yaml.safe_dump(lock))
     assert report_param(tmp_path) == "report.power"  # one other reader, like seed and tasks.a.x: report's first
+
+
+def test_the_step_measurement_writes_nothing_where_it_is_run(tmp_path, monkeypatch):
+    """``bench.estimate`` measures this machine's ViT step through ``bench.overheads``: its MLflow store and
+    artifacts stay in a temporary folder (artifacts once landed in ./mlruns of the working tree)."""
+    from bench import overheads
+
+    monkeypatch.chdir(tmp_path)
+    out = overheads.breakdown("vit", 4, repeat=2, n_train=64, n_val=32, n_test=32)
+    assert len(out["steps_s"]) == 2 and all(s > 0 for s in out["steps_s"])
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("load", "warns"), [(99.0, True), (0.0, False)])
+def test_the_estimate_warns_when_the_machine_is_busy(monkeypatch, load, warns):
+    import os
+
+    from bench import estimate
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    line = estimate.load_warning()
+    assert (line is not None) == warns
+    if warns:
+        assert line.startswith(f"warning: load average {load:.1f} on ") and "inflated" in line
