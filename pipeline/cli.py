@@ -166,15 +166,25 @@ def run_one(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bias-run-one-"))
     try:
         spec = run_spec(params, args.arch, args.task, args.seed, out, lrs)
-        for need in (spec.data_dir, spec.slices_dir, *([spec.teacher_dir] if spec.teacher_dir else [])):
-            if not need.exists():
-                raise StageError(f"{need}: missing; run `dvc repro` (or the stage that writes it) first")
+        # the DVC targets that write what the cell reads: seconds, not the whole study's repro
+        needs = [(spec.data_dir, f"slice@{args.task}"), (spec.slices_dir, f"slice@{args.task}")]
+        needs += [(spec.teacher_dir, "teacher")] if spec.teacher_dir else []
+        if missing := [(need, target) for need, target in needs if not need.exists()]:
+            targets = " ".join(dict.fromkeys(target for _, target in missing))
+            raise StageError(f"{missing[0][0]}: missing; run `dvc repro {targets}` first (the stages this cell "
+                             "reads, not the whole study)")
         if args.steps:
             spec = replace(spec, key=replace(spec.key, steps=args.steps))
         if args.lr:
             spec = replace(spec, lr=args.lr)
-        print(f"run-one: {spec.name} at lr {spec.lr or params.train.recipe.lr:g}, cap {spec.key.steps} steps",
-              flush=True)
+        source = ("--lr" if args.lr else f"tuned, {choice}" if spec.lr else
+                  "train.recipe.lr: no tune choice yet (dvc repro tune)" if not choice.exists() else "train.recipe.lr")
+        warmup = params.train.recipe.warmup_steps
+        if spec.key.steps <= warmup:
+            print(f"warning: {spec.key.steps} steps <= train.recipe.warmup_steps {warmup}: the run ends inside the "
+                  "warm-up, before its learning rate peaks (expect chance)", file=sys.stderr, flush=True)
+        print(f"run-one: {spec.name} at lr {spec.lr or params.train.recipe.lr:g} ({source}), cap {spec.key.steps} "
+              "steps", flush=True)
         t0 = time.perf_counter()
         result = fit(Job(spec, params, "run-one", None))
         slices = result["evaluation"]["slices"]

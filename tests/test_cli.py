@@ -35,6 +35,11 @@ def test_run_one_reproduces_the_train_stage_and_records_nothing(copy_reproduced_
     assert line["run"] == "train/vit/alignment/n128-t20-s0-d0-criterion"
     assert (line["steps_done"], line["stop_reason"]) == (stage["steps_done"], stage["stop_reason"])
     assert line["test"] == stage["test_acc"] and line["val_acc"] == stage["val_acc"]
+    said = next(x for x in proc.stdout.splitlines() if x.startswith("run-one: "))
+    assert said.startswith("run-one: train/vit/alignment/n128-t20-s0-d0-criterion at lr 0.002 (tuned, ") or \
+        "(train.recipe.lr" in said, said  # where the learning rate came from
+    short = bias(repo, "run-one", "--arch", "vit", "--task", "alignment", "--steps", "2")  # warm-up: 2 steps
+    assert short.returncode == 0 and "warning: 2 steps <= train.recipe.warmup_steps 2" in short.stderr, short.stderr
     assert tree(repo) == before  # no MLflow run, no DVC output, no checkpoint left behind
 
 
@@ -44,7 +49,8 @@ def test_run_one_refuses_what_the_grid_lacks_in_one_line(tmp_path, monkeypatch, 
     monkeypatch.chdir(tmp_path)  # run-one reads params.yaml and data/ relative to the repository root
     for args, says in [(("--arch", "vit", "--task", "scale"), "--arch vit --task scale: not a cell"),
                        (("--arch", "vit", "--task", "alignment", "--seed", "9"), "--seed 9: not in train.seeds"),
-                       (("--arch", "vit", "--task", "alignment"), "data/tasks/alignment: missing"),
+                       (("--arch", "vit", "--task", "alignment"),
+                        "data/tasks/alignment: missing; run `dvc repro slice@alignment` first"),
                        (("--arch", "vit", "--task", "alignment", "--steps", "0"), "--steps 0: must be a positive"),
                        (("--arch", "vit", "--task", "alignment", "--lr", "nan"), "--lr nan: must be a positive"),
                        (("--arch", "vit", "--task", "alignment", "--lr", "inf"), "--lr inf: must be a positive")]:
