@@ -23,6 +23,7 @@ import importlib
 import logging
 import os
 import socket
+import struct
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
@@ -40,6 +41,7 @@ TERMINATED = ("Terminated", "SIGTERMException")
 
 LOOPBACK = "127.0.0.1"
 ADDRESS_ENV = "DASK_SCHEDULER_ADDRESS"  # Dask's own variable (dask config `scheduler-address`)
+MAX_HANDSHAKE = 2**24  # bytes: a Dask scheduler's first message is far smaller
 # A run whose worker dies is retried until it has seen this many deaths (runs queued on a dying worker count
 # too, so 1 would fail innocent bystanders).
 ALLOWED_WORKER_DEATHS = 2
@@ -134,6 +136,9 @@ def _unreachable(scheduler: str) -> str | None:
     if (scheme := scheme or "tcp") not in backends:
         return f"unknown address scheme {scheme!r} (known: {', '.join(sorted(backends))})"
     host, sep, port = rest.rpartition(":")
+    if scheme == "tls":  # Dask needs a security context for it, which would fail as a TypeError deep inside
+        return ("tls:// needs a TLS security context (distributed.security.Security), which this pipeline does not "
+                "configure; use tcp:// on a trusted network or through an SSH tunnel")
     if scheme != "tcp":
         return None
     if not sep or not port.isdigit():
@@ -142,8 +147,15 @@ def _unreachable(scheduler: str) -> str | None:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=SCHEDULER_TIMEOUT_S) as sock:
             # A Dask scheduler speaks first (its handshake, right after accepting); a peer that stays silent
             # would hold Client() in its handshake for good.
-            if not sock.recv(1):
+            head = b""
+            while len(head) < 8 and (chunk := sock.recv(8 - len(head))):
+                head += chunk
+            if len(head) < 8:
                 return "the peer closed the connection without a Dask handshake"
+            # Dask's TCP framing opens with the message's size (native uint64): a handshake is a few hundred
+            # bytes; a banner (SSH, HTTP, SMTP) read as one declares exabytes, which Client() would allocate
+            if (size := struct.unpack("Q", head)[0]) > MAX_HANDSHAKE:
+                return f"not a Dask scheduler: it opened with {head!r} (as a Dask message: {size} bytes)"
             return None
     except TimeoutError:
         return f"something listens there but sent no Dask handshake within {SCHEDULER_TIMEOUT_S} s"

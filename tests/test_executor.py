@@ -248,6 +248,36 @@ def test_a_run_terminated_inside_lightning_terminates_the_stage():
         list(map_runs(lightning_sigterm, [1, 2, 3], workers=1, describe=lambda i: f"run{i}"))
 
 
+def test_a_peer_that_speaks_another_protocol_is_one_line(monkeypatch):
+    """A loopback server that greets with a banner (SSH here) once made Client() allocate 2.8 EiB: the first
+    message's size is read and checked first."""
+    import socket
+    import threading
+
+    from pipeline.errors import StageError
+
+    monkeypatch.setattr(executor, "SCHEDULER_TIMEOUT_S", 2)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        def greet():
+            conn, _ = server.accept()
+            with conn:
+                conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+                time.sleep(1)
+        threading.Thread(target=greet, daemon=True).start()
+        address = f"tcp://127.0.0.1:{server.getsockname()[1]}"
+        with pytest.raises(StageError, match=r"not a Dask scheduler: it opened with b'SSH-2.0-'"), \
+                executor.dask_client(1, address):
+            pass
+
+
+def test_a_tls_address_without_a_security_context_is_one_line():
+    from pipeline.errors import StageError
+
+    with pytest.raises(StageError, match=r"no Dask scheduler at tls://127.0.0.1:9 \(tls:// needs a TLS security"), \
+            executor.dask_client(1, "tls://127.0.0.1:9"):
+        pass
+
+
 def test_a_silent_peer_at_the_scheduler_address_is_one_line(monkeypatch):
     """Something that accepts TCP but never speaks Dask (a web server, a stuck process) held Client() in its
     handshake for good; now one line after SCHEDULER_TIMEOUT_S."""
