@@ -119,6 +119,8 @@ def _damage(path: Path) -> str | None:
     try:
         with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as con:
             rows = [r[0] for r in con.execute("PRAGMA quick_check(3)")]
+    except sqlite3.OperationalError as err:  # locked or busy: another writer, not damage (reported when it lasts)
+        return None if "locked" in str(err) or "busy" in str(err) else str(err)
     except sqlite3.DatabaseError as err:
         return str(err)
     return None if rows == ["ok"] else "; ".join(rows)
