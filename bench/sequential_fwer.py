@@ -71,7 +71,7 @@ def run(ledger: pd.DataFrame, alpha: float, first: int, cap: int, studies: int, 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--ledger", type=Path, default=Path("reports/tables/ledger.csv"))
+    ap.add_argument("--ledger", type=Path, default=Path("reports/sequential/ledger_simulated.csv"))
     ap.add_argument("--params", type=Path, default=Path("params.yaml"))
     ap.add_argument("--studies", type=int, default=20000)
     ap.add_argument("--out", type=Path, default=Path("reports/sequential"))  # not the report stage's output folder
