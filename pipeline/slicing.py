@@ -11,11 +11,14 @@ Conventions (every task):
 - in a task with twins (a ``twins`` factor column naming each sample's pair, one sample of each class per
   pair: relation, arrangement) the draws above are made over whole pairs, so a pair never straddles
   train/val/test, ``test`` and every slice hold complete pairs, and every size must be even;
-- every index array is int64, sorted ascending, into the task's ``images.npy``/``labels.npy``.
+- every index array is int64, sorted ascending, into the task's ``images.npy``/``labels.npy``;
+- given the images' content digests, a pixel-identical copy of an earlier image is never drawn, so no image
+  appears in two of train/val/test/transfer (generators draw at random and may repeat a small image).
 """
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 from itertools import pairwise
 
@@ -75,18 +78,36 @@ def _take_pairs(orders: list[np.ndarray], n: int, table: np.ndarray, key: str, t
     return np.sort(table[pairs].reshape(-1)).astype(np.int64)
 
 
+def image_digests(images: np.ndarray) -> np.ndarray:
+    """(N,) 8-byte content digests of (N, ...) images: equal pixels, equal digest (blake2b, so unequal pixels
+    collide with probability ~N^2 / 2^64)."""
+    flat = np.ascontiguousarray(images).reshape(len(images), -1)
+    return np.array([int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=8).digest(), "little")
+                     for row in flat], dtype=np.uint64)
+
+
+def first_copies(digests: np.ndarray) -> np.ndarray:
+    """(N,) bool: the row is the first (in pool order) of the rows with its content digest."""
+    keep = np.zeros(len(digests), dtype=bool)
+    keep[np.unique(digests, return_index=True)[1]] = True
+    return keep
+
+
 def make_splits(labels: np.ndarray, factors: pd.DataFrame, num_classes: int, slice_factors: list[str],
-                cfg: Slicing, seed: int, task: str, twins: str | None = None) -> dict[str, np.ndarray]:
+                cfg: Slicing, seed: int, task: str, twins: str | None = None,
+                digests: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """All index arrays for one task: ``train_<n>``, ``val``, ``test``, ``slice/<factor>=<value>``, and
     ``transfer`` (the rows of role ``transfer``) where the task draws them.
 
     labels: (N,) int64; factors: N rows with ``role``, ``id``, the ``slice_factors`` and ``twins`` columns;
-    twins: the column naming each sample's twin pair (draws are then made over whole pairs), or None.
+    twins: the column naming each sample's twin pair (draws are then made over whole pairs), or None;
+    digests: (N,) content digests (:func:`image_digests`): only the first copy of an image is ever drawn.
     Raises ConfigError (naming the ``slice.*`` key) when the pool is too small for a requested size.
     """
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, zlib.crc32(f"slice/{task}".encode())])))
     role = factors["role"].to_numpy()
-    fit, ev = np.flatnonzero(role == ROLE_FIT), np.flatnonzero(role == ROLE_EVAL)
+    usable = np.ones(len(role), dtype=bool) if digests is None else first_copies(digests)
+    fit, ev = np.flatnonzero((role == ROLE_FIT) & usable), np.flatnonzero((role == ROLE_EVAL) & usable)
     if twins is None:
         k = num_classes
 
@@ -108,10 +129,10 @@ def make_splits(labels: np.ndarray, factors: pd.DataFrame, num_classes: int, sli
     train_order = orders(np.setdiff1d(fit, out["val"]))
     for n in cfg.train_sizes:
         out[f"train_{n}"] = take(train_order, n, "slice.train_sizes")
-    if (transfer := np.flatnonzero(role == ROLE_TRANSFER)).size:  # every transfer row, in pool order
+    if (transfer := np.flatnonzero((role == ROLE_TRANSFER) & usable)).size:  # every transfer row, in pool order
         out["transfer"] = transfer.astype(np.int64)
     _add_slices(out, factors, slice_factors)
-    check_splits(out)
+    check_splits(out, digests)
     if twins is not None:
         check_twins(out, factors[twins].to_numpy())
     return out
@@ -135,9 +156,9 @@ def _fmt(value: object) -> str:
     return str(value)
 
 
-def check_splits(arrays: dict[str, np.ndarray]) -> None:
-    """Invariants (else a StageError naming the array): nothing empty; train/val/test (and transfer) pairwise disjoint;
-    train subsets nested; slices inside test."""
+def check_splits(arrays: dict[str, np.ndarray], digests: np.ndarray | None = None) -> None:
+    """Invariants (else a StageError naming the array): nothing empty; train/val/test (and transfer) pairwise disjoint,
+    by index and (given ``digests``) by content; train subsets nested; slices inside test."""
     for name, idx in arrays.items():
         if len(idx) == 0:
             raise StageError(f"{name}: empty")
@@ -152,6 +173,8 @@ def check_splits(arrays: dict[str, np.ndarray]) -> None:
     for a, b in held:
         if np.intersect1d(arrays[a], arrays[b]).size:
             raise StageError(f"{a}: overlaps {b}")
+        if digests is not None and np.intersect1d(digests[arrays[a]], digests[arrays[b]]).size:
+            raise StageError(f"{a}: holds an image pixel-identical to one in {b}")
     for name in arrays:
         if name.startswith("slice/") and not np.isin(arrays[name], arrays["test"]).all():
             raise StageError(f"{name}: not a subset of test")

@@ -12,7 +12,8 @@ import yaml
 
 from pipeline.config import Slicing
 from pipeline.errors import ConfigError, StageError
-from pipeline.slicing import check_splits, check_twins, make_splits, manifest, per_class_counts
+from pipeline.slicing import (check_splits, check_twins, first_copies, image_digests, make_splits, manifest,
+                              per_class_counts)
 from pipeline.stages import generate as gen_stage
 from pipeline.stages import slice as slice_stage
 from pipeline.tasks import TASKS
@@ -157,6 +158,37 @@ def test_check_splits_refuses_overlap_and_empty():
         check_splits({**good, "slice/a=1": np.array([], dtype=np.int64)})
     with pytest.raises(StageError, match="not a subset of test"):
         check_splits({**good, "slice/a=1": np.array([0])})
+
+
+@pytest.mark.parametrize("task", ["alignment", "scale", "relation", "arrangement"])
+def test_no_image_in_two_splits_by_content(task):
+    """Every task's pool, with each image repeated (a generator may redraw a small image): no pixel-identical image
+    lies in two of train/val/test/transfer; checked by hash, the way the slice stage draws."""
+    data, factors = pool(task)
+    images = np.concatenate([data.images, data.images])
+    labels = np.concatenate([data.labels, data.labels])
+    twins = TASKS[task].twins
+    doubled = pd.concat([factors, factors.assign(**({twins: factors[twins] + factors[twins].max() + 1}
+                                                    if twins else {}))], ignore_index=True)
+    digests = image_digests(images)
+    assert first_copies(digests).sum() == len(np.unique(digests)) <= len(data.labels)
+    out = make_splits(labels, doubled, len(data.class_names), TASKS[task].slice_factors, CFG, seed=0, task=task,
+                      twins=twins, digests=digests)
+    held = [out[f"train_{CFG.train_sizes[-1]}"], out["val"], out["test"], out.get("transfer", np.array([], int))]
+    for i, a in enumerate(held):
+        for b in held[i + 1:]:
+            assert not np.intersect1d(digests[a], digests[b]).size
+    blind = make_splits(labels, doubled, len(data.class_names), TASKS[task].slice_factors, CFG, seed=0, task=task,
+                        twins=twins)  # without digests the doubled pool does put copies in two splits
+    assert np.intersect1d(digests[blind["val"]], digests[blind["test"]]).size or \
+        np.intersect1d(digests[blind[f"train_{CFG.train_sizes[-1]}"]], digests[blind["val"]]).size
+
+
+def test_check_splits_refuses_pixel_identical_copies():
+    good = {"train_2": np.array([0, 1]), "val": np.array([2]), "test": np.array([3, 4])}
+    check_splits(good, np.array([10, 11, 12, 13, 14], dtype=np.uint64))
+    with pytest.raises(StageError, match="val: holds an image pixel-identical to one in test"):
+        check_splits(good, np.array([10, 11, 12, 12, 14], dtype=np.uint64))
 
 
 def test_manifest_records_sizes_counts_hashes_and_ranges():

@@ -16,7 +16,7 @@ import numpy as np
 
 from pipeline.config import load_params
 from pipeline.errors import ConfigError, StageError
-from pipeline.io import checked_arrays, sha256_bytes, write_json, write_text
+from pipeline.io import checked_arrays, write_json, write_text
 from pipeline.shortcuts import OBJECTS, floors
 from pipeline.stages.common import stage_main
 from pipeline.stages.generate import atomic_dir
@@ -86,18 +86,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.task not in params.tasks.names or args.task not in OBJECTS:
         raise ConfigError(f"{args.params}: tasks.names: {args.task!r} is not an enabled task {params.tasks.names}")
     data = Path(args.data)
-    labels, factors, meta = load_task(data)
+    images, labels, factors, meta = load_task(data)
     train, val, test = load_split(Path(args.slices), [f"train_{params.train.size}", "val", "test"])
     slices = load_slices(Path(args.slices))
-    try:
-        images = np.load(checked_arrays(data / "images.npy"), mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError) as err:
-        raise StageError(f"{data / 'images.npy'}: cannot read ({err})") from None
-    if images.dtype != np.uint8 or images.ndim != 4 or len(images) != len(labels):
-        raise StageError(f"{data / 'images.npy'}: expected uint8 (N,H,W,C) matching labels, got {images.dtype} "
-                         f"{images.shape} vs {labels.shape}")
-    if sha256_bytes(np.ascontiguousarray(images).tobytes()) != meta["sha256"]["images"]:
-        raise StageError(f"{data / 'images.npy'}: sha256 differs from meta.json (modified after generation?)")
     for name, idx in {"train": train, "val": val, "test": test, **slices}.items():
         if len(idx) and (idx.min() < 0 or idx.max() >= len(labels)):
             raise StageError(f"{Path(args.slices) / 'indices.npz'}: {name} has indices outside the pool of "

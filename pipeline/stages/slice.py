@@ -1,8 +1,8 @@
 """Stage ``slice``: cut one task's pool into nested training subsets, val, test and evaluation slices.
 
-Reads ``<data>/labels.npy``, ``factors.csv`` and ``meta.json`` (checking the labels against their recorded
-sha256); writes ``<out>/indices.npz`` (int64 arrays, byte-deterministic) and ``<out>/manifest.json``
-together, or nothing.
+Reads ``<data>/images.npy``, ``labels.npy``, ``factors.csv`` and ``meta.json`` (checking the arrays against
+their recorded sha256; the images for their content digests: a copy of an image is never drawn twice);
+writes ``<out>/indices.npz`` (int64 arrays, byte-deterministic) and ``<out>/manifest.json`` together, or nothing.
 """
 
 from __future__ import annotations
@@ -16,20 +16,26 @@ import pandas as pd
 from pipeline.errors import ConfigError, StageError
 from pipeline.io import atomic_dir, checked_arrays, read_json, save_npz, sha256_bytes, sha256_file, write_json
 from pipeline.schemas import TASK_META
-from pipeline.slicing import make_splits, manifest
+from pipeline.slicing import image_digests, make_splits, manifest
 from pipeline.stages.common import parse_stage, stage_main
 from pipeline.tasks import TASKS
 
 
-def load_task(folder: Path) -> tuple[np.ndarray, pd.DataFrame, dict]:
+def load_task(folder: Path) -> tuple[np.ndarray, np.ndarray, pd.DataFrame, dict]:
+    """(images, labels, factors, meta) of a task's folder, each checked against the others and meta.json."""
     meta = read_json(folder / "meta.json", TASK_META)
     try:
+        images = np.load(checked_arrays(folder / "images.npy"), allow_pickle=False)
         labels = np.load(checked_arrays(folder / "labels.npy"), allow_pickle=False)
         factors = pd.read_csv(folder / "factors.csv", keep_default_na=False)
     except (OSError, ValueError) as err:
         raise StageError(f"{folder}: cannot read the task data ({err})") from None
-    if sha256_bytes(labels.tobytes()) != meta["sha256"]["labels"]:
-        raise StageError(f"{folder / 'labels.npy'}: sha256 differs from meta.json (modified after generation?)")
+    if images.dtype != np.uint8 or images.ndim != 4 or len(images) != len(labels):
+        raise StageError(f"{folder / 'images.npy'}: expected uint8 (N,H,W,C) matching labels, got {images.dtype} "
+                         f"{images.shape} vs {labels.shape}")
+    for name, arr in (("images", images), ("labels", labels)):
+        if sha256_bytes(np.ascontiguousarray(arr).tobytes()) != meta["sha256"][name]:
+            raise StageError(f"{folder / f'{name}.npy'}: sha256 differs from meta.json (modified after generation?)")
     if len(factors) != len(labels) or "role" not in factors.columns:
         what = f"{len(factors)} rows for {len(labels)} labels" if len(factors) != len(labels) else "no role column"
         raise StageError(f"{folder / 'factors.csv'}: {what}; rerun the data stage")
@@ -37,7 +43,7 @@ def load_task(folder: Path) -> tuple[np.ndarray, pd.DataFrame, dict]:
     if len(names) != k or (len(labels) and not 0 <= labels.min() <= labels.max() < k):
         raise StageError(f"{folder / 'meta.json'}: num_classes {k} and {len(names)} class_names do not describe "
                          f"labels.npy (labels {labels.min()}..{labels.max()}); rerun the data stage")
-    return labels, factors, meta
+    return images, labels, factors, meta
 
 
 def parser() -> argparse.ArgumentParser:
@@ -52,12 +58,13 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args, params = parse_stage(parser(), argv, {"task": "tasks.names"})
     data = Path(args.data)
-    labels, factors, meta = load_task(data)
+    images, labels, factors, meta = load_task(data)
+    digests = image_digests(images)
     spec = TASKS[args.task]
     factors = factors.join(spec.derive(factors, params))
     try:
         arrays = make_splits(labels, factors, meta["num_classes"], spec.slice_factors, params.slice,
-                             params.seed, args.task, twins=spec.twins)
+                             params.seed, args.task, twins=spec.twins, digests=digests)
     except ConfigError as err:
         raise ConfigError(f"{args.params}: {err}") from None
     source = {"images_sha256": meta["sha256"]["images"], "labels_sha256": meta["sha256"]["labels"],
@@ -67,7 +74,9 @@ def main(argv: list[str] | None = None) -> None:
         write_json(tmp / "manifest.json",
                    manifest(arrays, labels, factors, meta["class_names"], source, twins=spec.twins))
     sizes = {k: len(v) for k, v in arrays.items() if not k.startswith("slice/")}
-    print(f"{args.task}: {sizes}, {sum(k.startswith('slice/') for k in arrays)} slices -> {args.out}")
+    copies = len(digests) - len(np.unique(digests))
+    n_slices = sum(k.startswith("slice/") for k in arrays)
+    print(f"{args.task}: {sizes}, {copies} pixel-identical copies never drawn, {n_slices} slices -> {args.out}")
 
 
 if __name__ == "__main__":
