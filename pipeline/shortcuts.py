@@ -170,10 +170,15 @@ OBJECTS: dict[str, tuple[str, list[tuple[str, list[list[str]], str, bool]]]] = {
 }
 
 
+# Tasks whose factor is where things lie: a baseline that sees position (tokens_pos, a quadrant-pooled bag)
+# sees the factor itself there, so it is reported, not counted in the floor.
+POSITION_IS_FACTOR = {"arrangement"}
+
+
 def task_baselines(task: str, patch: int, seed: int) -> list[Baseline]:
     """Every baseline of one task: global counts, no token mixing, and its one-object baselines."""
     factor, objects = OBJECTS[task]
-    out = global_baselines() + token_baselines(patch, seed, position_is_factor=task == "arrangement")
+    out = global_baselines() + token_baselines(patch, seed, position_is_factor=task in POSITION_IS_FACTOR)
     out += [Baseline(name, uses, factor_onehot(cols), uses_factor) for name, cols, uses, uses_factor in objects]
     # the no-architecture reference: every trained model should clear a linear read of pixels
     out.append(Baseline("raw_pixels", "every pixel value, one linear classifier (no architecture at all)",
@@ -264,7 +269,8 @@ def floors(task: str, images: np.ndarray, labels: np.ndarray, factors: pd.DataFr
     members = {name: np.isin(test, idx) for name, idx in (slices or {}).items()}
     features = {b.name: (b.uses, b.uses_factor, b.features(im, fac), getattr(b.features, "categorical", False))
                 for b in task_baselines(task, patch, seed)}
-    features |= {name: (uses, False, x, False) for name, (uses, x) in bag_features(im, n_tr, seed).items()}
+    features |= {name: (uses, name.endswith("_pooled") and task in POSITION_IS_FACTOR, x, False)
+                 for name, (uses, x) in bag_features(im, n_tr, seed).items()}
     predicted = {}
     for name, (uses, uses_factor, x, categorical) in features.items():
         fit_val = (x[n_tr: n_tr + n_va], y_val) if n_va else (None, None)

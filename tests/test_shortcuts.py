@@ -142,6 +142,19 @@ def test_floors_per_slice_on_a_task_with_unseen_offsets():
         assert rec["floor_slices"][name] == max(g["acc"] for g in got.values())  # alignment: none sees the factor
 
 
+def test_arrangement_counts_no_baseline_that_sees_the_layout():
+    """Arrangement's factor is where the glyphs lie: a quadrant-pooled bag or tokens with their position sees it,
+    so it is reported but not counted in the floor; its position-free (global) bags are counted."""
+    params = tiny_repo.repo_params()
+    d = TASKS["arrangement"].generate(200, 0, params.geometry, params.tasks.arrangement)
+    role = d.factors["role"].to_numpy()
+    train, test = np.flatnonzero(role == "fit")[:100], np.flatnonzero(role == "eval")
+    rec = floors("arrangement", d.images, d.labels, d.factors, train, test, 2, 4, 0)
+    sees = {name for name, b in rec["baselines"].items() if b["uses_factor"]}
+    assert {"tokens_pos", "bag3b_pooled", "kmeans_pooled"} <= sees
+    assert not sees & {"bag3b_global", "kmeans_global", "tokens_bag"} and rec["floor_baseline"] not in sees
+
+
 def test_shortcuts_stage_on_generated_data(tmp_path, capsys):
     arch = {"models": "resnet", "tasks": ["relation"]}
     raw = tiny_repo.params_with({
