@@ -62,10 +62,11 @@ def gate(row: dict, m: dict, tol: float) -> str:
 def below_floor(row: dict, m: dict) -> list[str]:
     """The gate reason of a paired accuracy row whose predicted winner (a "+" row's ``a``; both arms of an
     "= 0" row) does not clear the compared slice's shortcut floor by the row's margin: "a shortcut reaches
-    <slice>: <baseline> <acc>". Not speed rows (no accuracy), agreement rows (agreement, not accuracy) or budget
-    rows (one arch against itself); the losing arm of a "+" row may sit below the floor (that is the finding)."""
+    <slice>: <baseline> <acc>". Not speed rows (no accuracy) or agreement rows (agreement, not accuracy); budget
+    rows too (one arch under two budgets: a longer budget that only reaches a shortcut's level says nothing about
+    the factor). The losing arm of a "+" row may sit below the floor (that is the finding)."""
     floor = m.get("floor", float("nan"))
-    if floor != floor or row["subset"] == SPEED or row["subset"].startswith("agree/") or row["finding"] == "budget":
+    if floor != floor or row["subset"] == SPEED or row["subset"].startswith("agree/"):
         return []
     arms = ((row["a"], m["acc_a"]),) if row["expect"] == "+" else ((row["a"], m["acc_a"]), (row["b"], m["acc_b"]))
     need = floor + row["margin"]
