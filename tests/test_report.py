@@ -443,7 +443,7 @@ def test_a_winner_below_its_slice_floor_is_not_decided():
     assert "vit 0.700" in gate.gate(same, above, 0.01)  # an equivalence needs both arms above the floor
     assert gate.gate(same, {**above, "acc_b": 0.9}, 0.01) == ""
     assert gate.gate({**row, "subset": gate.SPEED}, m, 0.01) == ""  # speeds: no accuracy to hold to a floor
-    solved = gate.gate({**row, "subset": "test"}, {**above, "learn_at": 1.0, "in_a": 0.99}, 0.01)
+    solved = gate.gate(row, {**above, "learn_at": 1.0, "in_a": 0.99}, 0.01)
     assert "resnet did not learn" in solved and "a shortcut solves it" in solved  # a learn base at 1.0, named
     # a budget row (one arch under two budgets) is held to the floor too: a longer budget at a shortcut's level
     budget = {**row, "finding": "budget", "b": "resnet"}
