@@ -14,9 +14,10 @@ from pipeline.report import stats
 from pipeline.report.sources import run_outcome, slice_acc
 
 CI_METHOD = ("Student-t over seeds (per-seed accuracy on the shared test items; paired per seed for contrasts, "
-             "TOST for equivalence, one Holm family per look: the first on every row, the second on the rows the "
-             "plan stage gave more seeds, each at half the alpha); k of n seeds reaching the escape threshold with a "
-             "Clopper-Pearson interval")
+             "TOST for equivalence; two Holm families over every row, the first look at alpha x n1 / N, the second "
+             "at the rest of alpha on an inverse-normal combination of the first look's p and the new seeds' p for "
+             "the rows the plan stage continued, p = 1 for the others); k of n seeds reaching the escape threshold "
+             "with a Clopper-Pearson interval")
 
 # Run-level columns taken from metrics.json (budget counts, measurements) by :func:`runs_frame`.
 BUDGET_KEYS = ("params", "optimizer_steps", "batch_size", "images_seen", "tokens_per_image", "tokens_seen",
