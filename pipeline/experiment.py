@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 import resource
 import shutil
 import time
@@ -93,12 +94,13 @@ def finished(spec: RunSpec, ident: str) -> dict | None:
 
 
 def _readable(ckpt: Path) -> bool:
-    """A checkpoint a kill did not cut short (loads with ``weights_only=True``)."""
+    """A checkpoint a kill did not cut short (loads with ``weights_only=True``; one torch refuses to unpickle is
+    not resumed from either: it is replaced by a fresh start, never loaded with the protection off)."""
     import torch
 
     try:
         return "global_step" in torch.load(ckpt, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, EOFError, ValueError):
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError):
         return False
 
 

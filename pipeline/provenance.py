@@ -198,13 +198,35 @@ def read_teacher(teacher_dir: Path, task: str) -> tuple[dict, Path]:
     return read_json(record_path, TEACHER_PROVENANCE), weights
 
 
+# torch's own advice on a blocked pickle is to turn the protection off; ours is to drop the file.
+UNSAFE = ("holds pickled objects beyond tensors, which torch refuses to load (weights_only=True); treat it as "
+          "unsafe: delete it and {rerun}; never load it with weights_only=False")
+
+
+def load_state(path: Path, model: str, rerun: str) -> dict:
+    """The tensors of a checkpoint file loaded with ``weights_only=True``; any unreadable file is one line naming it,
+    and a file torch refuses to unpickle is called unsafe (delete and regenerate it, never lift the protection)."""
+    import torch  # heavy: the provenance records and hashes need no torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        if "Unsupported global" in str(err):  # a pickle that names code to run: blocked, and called unsafe
+            raise StageError(f"{path}: {UNSAFE.format(rerun=rerun)}") from None
+        raise StageError(f"{path}: not a {model} checkpoint (unreadable as a weights-only torch file); "
+                         f"{rerun}") from None
+    except (RuntimeError, ValueError, EOFError, OSError, KeyError, AttributeError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise StageError(f"{path}: not a {model} checkpoint ({type(err).__name__}: {first[:120]}); "
+                         f"{rerun}") from None
+
+
 def load_teacher(teacher_dir: Path, task: str, params, num_classes: int):
     """Build the teacher recorded in ``<teacher_dir>/<task>/provenance.json`` and verify its weights.
 
     Returns ``(model in eval mode with frozen weights, provenance record)``. Raises :class:`StageError`
     when the record or weights are missing or the weights' sha256 differs from the recorded one.
     """
-    import torch  # heavy: the provenance records and hashes need no torch
 
     record, weights = read_teacher(teacher_dir, task)
     expected, actual = record["checkpoint_sha256"], sha256_file(weights)
@@ -212,10 +234,10 @@ def load_teacher(teacher_dir: Path, task: str, params, num_classes: int):
         raise StageError(f"{weights}: sha256 {actual[:12]}... does not match the recorded teacher "
                          f"checkpoint {expected[:12]}... in {teacher_dir / task / PROVENANCE}; refusing to distill")
     model = build_model(record["model"], params, num_classes)
+    state = load_state(weights, record["model"], "rerun the teacher stage (dvc repro)")
     try:
-        model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
-    except (pickle.UnpicklingError, RuntimeError, ValueError, EOFError, OSError, KeyError, AttributeError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        raise StageError(f"{weights}: not a {record['model']} checkpoint ({type(err).__name__}: {first[:120]}); "
+        model.load_state_dict(state)
+    except (RuntimeError, KeyError) as err:  # tensors of another model
+        raise StageError(f"{weights}: not a {record['model']} checkpoint ({type(err).__name__}); "
                          f"rerun the teacher stage") from None
     return model.eval().requires_grad_(False), record

@@ -34,6 +34,26 @@ def test_torch_load_is_weights_only():
             f"{path.name}:{node.lineno}: torch.load without weights_only=True"
 
 
+class Payload:
+    """Stands for a pickle that runs code on load (here it only would: torch refuses to build it)."""
+
+
+def test_a_blocked_pickle_is_called_unsafe_never_loaded_with_the_protection_off(tmp_path):
+    import torch
+
+    from pipeline.errors import StageError
+    from pipeline.provenance import load_state
+
+    bad = tmp_path / "weights.pt"
+    torch.save({"w": torch.zeros(2), "x": Payload()}, bad)
+    with pytest.raises(StageError) as err:
+        load_state(bad, "vit", "rerun the teacher stage")
+    msg = str(err.value)
+    assert msg.startswith(f"{bad}: ") and "unsafe" in msg and "delete it" in msg and "rerun the teacher stage" in msg
+    assert "never load it with weights_only=False" in msg and "\n" not in msg
+    assert "to do so" not in msg  # torch's own advice (turn the protection off) is not passed on
+
+
 def test_no_unsafe_loaders():
     """``yaml.load`` is ruff's S506 (pyproject); these two spellings ruff does not see."""
     for path in SOURCES:

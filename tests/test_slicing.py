@@ -12,8 +12,15 @@ import yaml
 
 from pipeline.config import Slicing
 from pipeline.errors import ConfigError, StageError
-from pipeline.slicing import (check_splits, check_twins, first_copies, image_digests, make_splits, manifest,
-                              per_class_counts)
+from pipeline.slicing import (
+    check_splits,
+    check_twins,
+    first_copies,
+    image_digests,
+    make_splits,
+    manifest,
+    per_class_counts,
+)
 from pipeline.stages import generate as gen_stage
 from pipeline.stages import slice as slice_stage
 from pipeline.tasks import TASKS
