@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated
 
 from pydantic import Field, model_validator
@@ -32,9 +33,16 @@ class Report(Section):
     # Per task and arch, the test accuracy range the literature leads one to expect ([lo, hi], with its source in
     # a comment): the report prints each beside the measured cell (pipeline.report.natural.expected_table).
     expected: dict[TaskName, dict[str, Annotated[list[Fraction], Field(min_length=2, max_length=2)]]] = {}
+    # When this data draw (the top-level `seed`) was first generated: a ledger row registered (contrasts.csv,
+    # bench.registration) before it is confirmatory on it, a later one exploratory (its design may have seen these
+    # data). Null: no row is confirmatory. Set it to the time of the commit that first runs a new draw.
+    registered_before: datetime | None = None
 
     @model_validator(mode="after")
     def _expected(self) -> Report:
+        if self.registered_before is not None and self.registered_before.tzinfo is None:
+            raise ValueError(f"registered_before: {self.registered_before.isoformat()} needs a time zone "
+                             "(e.g. 2026-12-06T07:00:00Z)")
         for task, archs in self.expected.items():
             for arch, (lo, hi) in archs.items():
                 if arch_section(arch) is None:

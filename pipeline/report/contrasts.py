@@ -18,9 +18,10 @@ def _contrasts(path: Path) -> tuple[dict, ...]:
     literature effect it is about (``anchor``, empty when none), its smallest effect of interest (``sesoi``: what
     the seeds asked are sized for, never the observed effect; the anchored effect where there is one, else the
     margin; a "0" row's is its margin) and why (``sesoi_reason``), and ``learned_on``: the slice on which both arms
-    must have learned (empty: in distribution; :func:`pipeline.report.gate.gate`). A row's finding (which groups
-    rows for the README) and its task are its id's prefix; a ``distill.*`` row runs on every task where both its
-    arms train."""
+    must have learned (empty: in distribution; :func:`pipeline.report.gate.gate`), and when it was ``registered``
+    (the commit time from which its decision fields stood as now: ``python -m bench.registration``). A row's
+    finding (which groups rows for the README) and its task are its id's prefix; a ``distill.*`` row runs on every
+    task where both its arms train."""
     rows = []
     for r in pd.read_csv(path, dtype=str, keep_default_na=False).to_dict("records"):
         prefix = r["id"].split(".")[0]
@@ -29,7 +30,7 @@ def _contrasts(path: Path) -> tuple[dict, ...]:
                      "subset": r["subset"], "expect": r["expect"], "isolates": r["isolates"],
                      "margin": float(r["margin"]), "margin_reason": r["margin_reason"],
                      "sesoi": float(r["sesoi"]), "sesoi_reason": r["sesoi_reason"],
-                     "learned_on": r.get("learned_on", ""),
+                     "learned_on": r.get("learned_on", ""), "registered": r.get("registered", ""),
                      "anchor": float(r["anchor"]) if r["anchor"] else math.nan})
     return tuple(rows)
 
@@ -48,15 +49,19 @@ ANALYTIC_FLOORS = {"relation": 0.75}
 FLOOR_MARGIN = {"margin": 0.0, "margin_reason": "none: judged against the floor's upper bound"}
 
 
+# The floor rows live here, not in contrasts.csv: registered by hand, at the commit that last changed one of them.
+FLOOR_ROWS_REGISTERED = "2026-12-06T07:00:00Z"
+
 # Predicted "at the shortcut floor" (one arm vs the task's floor; `exclude` = baselines that are the arm itself).
 FLOOR_ROWS = (
     {"id": "reach.swin_local", "finding": "relation", "a": "swin_local", "tasks": ("relation",),
      "subset": "slice/window=cross", "exclude": (), "learned_on": "slice/window=same",
      "isolates": "reachability: one windowed stage without shift never joins marks in different windows",
-     **FLOOR_MARGIN},
+     "registered": FLOOR_ROWS_REGISTERED, **FLOOR_MARGIN},
     {"id": "floor.nomix", "finding": "floors", "a": "nomix", "tasks": ("alignment", "scale", "relation",
                                                                         "arrangement", "natural"),
-     "subset": "test", "exclude": ("nomix",), "isolates": "no token mixing at all", **FLOOR_MARGIN},
+     "subset": "test", "exclude": ("nomix",), "isolates": "no token mixing at all",
+     "registered": FLOOR_ROWS_REGISTERED, **FLOOR_MARGIN},
 )
 
 

@@ -24,6 +24,7 @@ its runs are missing.
 from __future__ import annotations
 
 import math
+from datetime import datetime
 
 import pandas as pd
 
@@ -145,10 +146,10 @@ def decide(table: pd.DataFrame, rp, alpha: float | None = None) -> pd.DataFrame:
 
 
 COLUMNS = ["id", "finding", "kind", "task", "a", "b", "subset", "expect", "isolates", "margin", "margin_reason",
-           "sesoi", "seeds", "items", "estimate", "ci_lo", "ci_hi", "ci_method", "p", "p_tost", "p_out", "seed_sd",
-           "item_se", "acc_a", "acc_b", "in_a", "in_b", "learned_a", "learned_b", "learn_at", "chance", "floor",
-           "floor_baseline", "floor_lo", "floor_hi", "analytic_floor", "floor_bound", "reason", "exact",
-           "max_logit_diff", "context", "claim", "detail"]
+           "sesoi", "registered", "registration", "seeds", "items", "estimate", "ci_lo", "ci_hi", "ci_method", "p",
+           "p_tost", "p_out", "seed_sd", "item_se", "acc_a", "acc_b", "in_a", "in_b", "learned_a", "learned_b",
+           "learn_at", "chance", "floor", "floor_baseline", "floor_lo", "floor_hi", "analytic_floor", "floor_bound",
+           "reason", "exact", "max_logit_diff", "context", "claim", "detail"]
 
 
 def judge(params, runs: pd.DataFrame, items: cells.Items, floors: dict, disagreement: dict,
@@ -166,7 +167,7 @@ def judge(params, runs: pd.DataFrame, items: cells.Items, floors: dict, disagree
     alpha1, alpha2 = stats.look_alphas(params)
     first = _rows(params, runs, items, floors, disagreement, transfer_rates or {}, seed, set(params.train.seeds))
     ip = params.interface
-    first += [{**r, "reason": "", "margin": math.nan, "margin_reason": ""}
+    first += [{**r, "reason": "", "margin": math.nan, "margin_reason": "", "registration": "exact"}
               for r in collision_rows(collisions, ip.exact_tol, ip.atol)]
     table = decide(_frame(first), rp, alpha1).assign(look=1)
     more = {r["id"]: set(r["seeds"]) for r in (seed_plan or {}).get("rows", []) if r["continued"]}
@@ -231,10 +232,24 @@ def _rows(params, runs: pd.DataFrame, items: cells.Items, floors: dict, disagree
                      "a": row["a"], "b": row["b"], "subset": row["subset"], "expect": row["expect"],
                      "isolates": row["isolates"], "margin": row["margin"], "margin_reason": row["margin_reason"],
                      "sesoi": row.get("sesoi", row["margin"] if row["margin"] > 0 else rp.equivalence_margin),
+                     "registered": row.get("registered", ""),
+                     "registration": registration(row, rp.registered_before),
                      "exact": False, "max_logit_diff": math.nan, **m, "reason": gate(row, m, rp.ceiling_tol),
                      "context": _context(row, reach, config, disagreement, transfer), "claim": row.get("claim", ""),
                      "detail": ""})
     return rows
+
+
+def registration(row: dict, cutoff) -> str:
+    """"exact" for an exact check (algebra: no data draw to have seen); "confirmatory" when the row was registered
+    before this data draw was first used (``report.registered_before``); else "exploratory" (registered later, or
+    never: a row generated from params, such as a budget row)."""
+    registered = row.get("registered", "")
+    if row["kind"] == "exact":
+        return "exact"
+    if not registered or cutoff is None:
+        return "exploratory"
+    return "confirmatory" if datetime.fromisoformat(registered) < cutoff else "exploratory"
 
 
 def _context(row: dict, reach: pd.DataFrame, config: dict, disagreement: dict, transfer: dict) -> str:
@@ -262,7 +277,10 @@ def leads(ledger: pd.DataFrame) -> list[tuple[str, pd.DataFrame, pd.Series]]:
     """(finding, its rows, its lead row) in :data:`FINDINGS` order; the lead is the group's first decided row
     (rows keep the order of :data:`CONTRASTS`, primary minimal pair first), never picked by outcome. A finding
     is stated only from informative rows: a group whose rows that ran are all uninformative keeps its first row as
-    lead, and the README says it is undecided (a reader sees which findings this profile could not decide)."""
+    lead, and the README says it is undecided (a reader sees which findings this profile could not decide).
+    Exploratory rows (registered after this data draw was first used) take no part: they are reported apart."""
+    if "registration" in ledger.columns:  # findings stand on confirmatory (and exact) rows only
+        ledger = ledger[ledger.registration != "exploratory"]
     if ledger.empty:
         return []
     order = {name: i for i, name in enumerate(FINDINGS)}

@@ -260,9 +260,25 @@ def findings(ledger: pd.DataFrame) -> list[str]:
     return out
 
 
+def exploratory_line(ledger: pd.DataFrame) -> str:
+    """The rows no finding stands on: registered after this data draw was first used (or generated from params),
+    with their verdicts; empty when there are none."""
+    if "registration" not in ledger.columns:
+        return ""
+    ex = ledger[ledger.registration == "exploratory"]
+    if ex.empty:
+        return ""
+    tally = ", ".join(f"{n} {v}" for v, n in ex.verdict.value_counts().items())
+    return (f"Exploratory rows ({len(ex)}: {tally}) were registered after this data draw was first used "
+            "(`report.registered_before`), or are generated from params (budget rows): reported in "
+            "[the ledger](tables/ledger.csv) (column `registration`), never used for a finding. Confirmatory: "
+            f"{int((ledger.registration == 'confirmatory').sum())} rows, exact: "
+            f"{int((ledger.registration == 'exact').sum())}.")
+
+
 def readme(*, commit: str, date: str, level: float, scale: str, sentences: list[str], floors_text: str,
            counts: dict, tables: dict[str, str], figures: dict[str, tuple[str, str]], links: dict[str, str],
-           rows: dict[str, dict[str, int]] | None = None) -> str:
+           rows: dict[str, dict[str, int]] | None = None, exploratory: str = "") -> str:
     """reports/README.md. counts: rows per verdict; rows: :func:`row_counts`; tables: name -> relative path
     (.md; a .csv lies beside it); figures: path -> (title, caption); links: label -> relative path of other
     stages' reports."""
@@ -274,6 +290,7 @@ def readme(*, commit: str, date: str, level: float, scale: str, sentences: list[
         "", f"Intervals: {level:.0%} {CI_METHOD}. Our runs are tiny ({scale}) and far smaller than the papers "
         "quoted in the [anchors](tables/anchors.md).", "",
         "## Findings", "", *[f"{i}. {s}" for i, s in enumerate(sentences, 1)], "", FINDING_RULE, "",
+        *([exploratory, ""] if exploratory else []),
         floors_text, "", f"Prediction ledger: {tally} ([ledger](tables/ledger.md)). {counts_text(rows or {})}", "",
         "## Tables (Markdown; CSV beside each)", "",
         *[f"- [{name}]({path}) ([csv]({path.removesuffix('.md')}.csv))" for name, path in tables.items()], "",
