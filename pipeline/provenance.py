@@ -129,6 +129,10 @@ def run_params(params, spec) -> dict:
     out = params.model_dump(mode="json", include={
         "geometry": True, "models": {"param_target", "param_tolerance", "reference_classes", *sections},
         "train": {"recipe": True, "runtime": runtime}})
+    if params.train.draw == "per_seed" and spec.kind != "teacher":  # its own draw, from the pool less the teachers'
+        d = params.distill
+        taught = any(spec.key.task in d.teacher_tasks(t) for t in d.teachers)
+        out["draw"] = {"mode": "per_seed", "teacher_set": [d.teacher_size, params.train.size] if taught else None}
     if views := training_views(spec, params):  # the task's training views (tasks.natural.augment)
         out["views"] = views
     if spec.lr is not None:  # the cell's tuned learning rate (a trial's own) replaces the recipe's

@@ -11,7 +11,10 @@ Conventions (every task):
 - in a task with twins (a ``twins`` factor column naming each sample's pair, one sample of each class per
   pair: relation, arrangement) the draws above are made over whole pairs, so a pair never straddles
   train/val/test, ``test`` and every slice hold complete pairs, and every size must be even;
-- every index array is int64, sorted ascending, into the task's ``images.npy``/``labels.npy``;
+- ``pool`` holds every fit row outside ``val`` (whole twin pairs, each pair's K samples adjacent): what a run
+  draws its own training subset from (``train.draw: per_seed``, :func:`pipeline.split.seed_draw`);
+- every index array is int64, sorted ascending (``pool`` of a twin task: by pair), into the task's
+  ``images.npy``/``labels.npy``;
 - given the images' content digests, a pixel-identical copy of an earlier image is never drawn, so no image
   appears in two of train/val/test/transfer (generators draw at random and may repeat a small image).
 """
@@ -126,9 +129,12 @@ def make_splits(labels: np.ndarray, factors: pd.DataFrame, num_classes: int, sli
             return _take_pairs(order, n, table, key, task)
     out = {"test": take(orders(ev), cfg.test_size, "slice.test_size")}
     out["val"] = take(orders(fit), cfg.val_size, "slice.val_size")
-    train_order = orders(np.setdiff1d(fit, out["val"]))
+    rest = np.setdiff1d(fit, out["val"])
+    train_order = orders(rest)
     for n in cfg.train_sizes:
         out[f"train_{n}"] = take(train_order, n, "slice.train_sizes")
+    # the draw pool: twins as whole pairs, K adjacent samples each (a draw takes pairs, never half of one)
+    out["pool"] = rest if twins is None else table[np.isin(table, rest).all(axis=1)].reshape(-1).astype(np.int64)
     if (transfer := np.flatnonzero((role == ROLE_TRANSFER) & usable)).size:  # every transfer row, in pool order
         out["transfer"] = transfer.astype(np.int64)
     _add_slices(out, factors, slice_factors)
@@ -170,6 +176,10 @@ def check_splits(arrays: dict[str, np.ndarray], digests: np.ndarray | None = Non
             raise StageError(f"{small}: not a subset of {big}")
     held = [("val", "test"), (trains[-1], "val"), (trains[-1], "test")]
     held += [("transfer", x) for x in (trains[-1], "val", "test") if "transfer" in arrays]
+    if "pool" in arrays:
+        held += [("pool", x) for x in ("val", "test", "transfer") if x in arrays]
+        if not np.isin(arrays[trains[-1]], arrays["pool"]).all():
+            raise StageError(f"{trains[-1]}: not inside pool")
     for a, b in held:
         if np.intersect1d(arrays[a], arrays[b]).size:
             raise StageError(f"{a}: overlaps {b}")
@@ -181,8 +191,8 @@ def check_splits(arrays: dict[str, np.ndarray], digests: np.ndarray | None = Non
 
 
 def check_twins(arrays: dict[str, np.ndarray], pairs: np.ndarray) -> None:
-    """No twin pair straddles two of train (largest)/val/test, and ``test`` and every slice hold whole pairs
-    (else a StageError naming the array)."""
+    """No twin pair straddles two of train (largest)/val/test, ``test``, ``pool`` and every slice hold whole pairs,
+    and ``pool`` keeps each pair's samples adjacent (else a StageError naming the array)."""
     trains = [n for n in arrays if n.startswith("train_")]
     seen = {name: np.unique(pairs[arrays[name]]) for name in (*trains, "val", "test")}
     for a, b in (("val", "test"), *((t, "val") for t in trains), *((t, "test") for t in trains)):
@@ -192,6 +202,11 @@ def check_twins(arrays: dict[str, np.ndarray], pairs: np.ndarray) -> None:
         complete = np.isin(pairs, pairs[idx])  # every sample whose pair is touched by idx
         if complete.sum() != len(idx):
             raise StageError(f"{name}: holds incomplete twin pairs")
+    if "pool" in arrays:
+        k = len(pairs) // max(len(np.unique(pairs)), 1)
+        grouped = pairs[arrays["pool"]].reshape(-1, k) if len(arrays["pool"]) % k == 0 else None
+        if grouped is None or not (grouped == grouped[:, :1]).all():
+            raise StageError("pool: a twin pair's samples are not adjacent")
 
 
 def manifest(arrays: dict[str, np.ndarray], labels: np.ndarray, factors: pd.DataFrame,

@@ -26,8 +26,9 @@ class Split:
 
     images: np.ndarray  # (N, H, W, C) uint8
     labels: np.ndarray  # (N,) int64
-    indices: dict[str, np.ndarray]  # "train_<n>", "val", "test", "slice/<factor>=<value>"
+    indices: dict[str, np.ndarray]  # "train_<n>", "val", "test", "pool", "slice/<factor>=<value>"
     num_classes: int
+    group: int = 1  # K for a twin task (its pool holds whole pairs of K adjacent samples), else 1
 
 
 def load_split(spec: RunSpec, verify: bool = False) -> tuple[Split, dict]:
@@ -68,7 +69,8 @@ def load_split(spec: RunSpec, verify: bool = False) -> tuple[Split, dict]:
     if verify:
         verify_split(images, labels, indices, meta, manifest, files)
     split = Split(images=images, labels=labels.astype(np.int64), indices=indices,
-                  num_classes=int(meta["num_classes"]))
+                  num_classes=int(meta["num_classes"]),
+                  group=int(meta["num_classes"]) if manifest.get("twin_aware") else 1)
     return split, manifest
 
 
@@ -154,12 +156,56 @@ def redraw(pool: np.ndarray, official: np.ndarray, labels: np.ndarray, data_seed
     return np.sort(np.concatenate(picked)).astype(np.int64)
 
 
+def teacher_set(split, params: Params, task: str, where: Path) -> np.ndarray:
+    """The teachers' training images: ``train_<teacher_size>`` minus the students' ``train_<train.size>``
+    (disjoint from every student's images); empty on a task no teacher trains on."""
+    d = params.distill
+    if not any(task in d.teacher_tasks(t) for t in d.teachers) or f"train_{d.teacher_size}" not in split.indices:
+        return np.array([], dtype=np.int64)
+    return np.setdiff1d(subset(split.indices, params.distill.teacher_size, where),
+                        subset(split.indices, params.train.size, where))
+
+
+def seed_draw(pool: np.ndarray, labels: np.ndarray, size: int, group: int, stream: tuple[int, ...],
+              where: Path) -> np.ndarray:
+    """A class-balanced draw of ``size`` images from ``pool``, seeded by ``stream``: per class one random order,
+    its first n // K (+1 for the first n % K classes), so one stream's draws are nested over sizes. ``group`` > 1:
+    the pool is twin pairs of ``group`` adjacent samples (one per class), drawn whole."""
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([*stream, zlib.crc32(b"draw")])))
+    if group > 1:
+        pairs = pool.reshape(-1, group)
+        if size % group or size // group > len(pairs):
+            raise StageError(f"{where}: pool: {len(pairs)} twin pairs cannot give a draw of {size} images")
+        return np.sort(pairs[rng.permutation(len(pairs))[: size // group]].reshape(-1)).astype(np.int64)
+    k = int(labels.max()) + 1
+    counts = size // k + (np.arange(k) < size % k)
+    picked = []
+    for c, n in enumerate(counts):
+        rows = pool[labels[pool] == c]
+        if len(rows) < n:
+            raise StageError(f"{where}: pool: {len(rows)} images of class {c} cannot give a draw of {size} "
+                             f"(raise the task's n, or set train.draw: fixed)")
+        picked.append(rng.permutation(rows)[:n])
+    return np.sort(np.concatenate(picked)).astype(np.int64)
+
+
 def training_indices(spec: RunSpec, split, params: Params) -> np.ndarray:
-    """The images a run trains on: its subset, another draw of it, or (teachers) the transfer set."""
+    """The images a run trains on: (teachers) the teacher set; (train.draw: per_seed) the seed's own draw from the
+    pool less the teacher set, stream (seed, data_seed), the same for every arm; (fixed) its subset, or another
+    draw of it for data_seed > 0."""
+    group = split.group
     where, k = spec.slices_dir / "indices.npz", spec.key
     if spec.kind == "teacher":  # disjoint from the students' images (the subsets are nested)
-        outer = subset(split.indices, params.distill.teacher_size, where)
-        return np.setdiff1d(outer, subset(split.indices, params.train.size, where))
+        return teacher_set(split, params, k.task, where)
+    if params.train.draw == "per_seed":
+        if "pool" not in split.indices:
+            raise StageError(f"{where}: no pool array (train.draw: per_seed draws from it); rerun the slice stage")
+        pool = split.indices["pool"]
+        held = teacher_set(split, params, k.task, where)
+        if held.size:  # drop the teacher's images (whole pairs: teacher subsets are drawn pair-aware)
+            keep = ~np.isin(pool, held)
+            pool = pool[keep if group == 1 else keep.reshape(-1, group).all(axis=1).repeat(group)]
+        return seed_draw(pool, split.labels, k.train_size, group, (k.seed, k.data_seed), where)
     own = subset(split.indices, k.train_size, where)
     if k.data_seed == 0:
         return own

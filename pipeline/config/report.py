@@ -5,11 +5,21 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from pipeline.config.models import arch_section
 from pipeline.config.tasks import TaskName
 from pipeline.sections import Fraction, Name, PosInt, Section, Text
+
+
+def _timestamp(value: object) -> object:
+    """An ISO 8601 string (quoted in params.yaml: DVC refuses YAML's own timestamps) as a datetime."""
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not an ISO 8601 time (e.g. \"2026-12-06T07:00:00Z\")") from None
+    return value
 
 
 class Report(Section):
@@ -36,7 +46,7 @@ class Report(Section):
     # When this data draw (the top-level `seed`) was first generated: a ledger row registered (contrasts.csv,
     # bench.registration) before it is confirmatory on it, a later one exploratory (its design may have seen these
     # data). Null: no row is confirmatory. Set it to the time of the commit that first runs a new draw.
-    registered_before: datetime | None = None
+    registered_before: Annotated[datetime | None, BeforeValidator(_timestamp)] = None
 
     @model_validator(mode="after")
     def _expected(self) -> Report:
