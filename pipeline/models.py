@@ -125,7 +125,8 @@ def solve_width(arch: str, params: Params, num_classes: int) -> int:
     if abs(deviation) > tol:
         raise ConfigError(
             f"models.param_target: {arch} cannot get within {tol:.0%} of {target} parameters "
-            f"(closest: width {width} with {n}, {deviation:+.1%})"
+            f"(closest: width {width} with {n}, {deviation:+.1%}; its widths step by {width_step(arch, params)}, "
+            f"set by models.{ARCHS[arch].section}'s heads and patch keys)"
         )
     return width
 

@@ -22,9 +22,9 @@ def _format(err: ValidationError) -> str:
     elif first["type"] == "missing":
         msg = "missing (params.yaml holds every value; the schema has no defaults)"
     # A validator message that already starts with a key name ("swin.depths: ...") is more precise.
-    if ":" in msg.split(" ")[0]:
-        key, _, msg = msg.partition(": ")
-        loc = f"{loc}.{key}" if loc else key
+    key, sep, rest = msg.partition(": ")
+    if sep and key.split(".", 1)[0].isidentifier():  # "archs.v it: ..." (a key may hold a space)
+        msg, loc = rest, f"{loc}.{key}" if loc else key
     return f"{loc}: {msg}" if loc else msg
 
 

@@ -55,13 +55,14 @@ def check_fits_in_memory(params) -> None:
     # a model evaluated or fine-tuned at another size: a batch of float32 images and, per head, the (tokens x
     # tokens) attention map of one block (the smallest patch any family uses: the geometry's)
     rt, ft = params.train.runtime, params.finetune
-    sized = [("evaluation.resolution.sizes", s, rt.eval_batch_size) for s in params.evaluation.resolution.sizes]
-    sized += [("finetune.size", ft.size, ft.batch_size)] if ft.tasks else []
-    for key, size, batch in sized:
+    sized = [("evaluation.resolution.sizes", s, "train.runtime.eval_batch_size", rt.eval_batch_size)
+             for s in params.evaluation.resolution.sizes]
+    sized += [("finetune.size", ft.size, "finetune.batch_size", ft.batch_size)] if ft.tasks else []
+    for key, size, batch_key, batch in sized:
         tokens = (size // g.patch_size) ** 2
         need = 4 * batch * (size**2 * g.channels + tokens**2)
-        needs.append((key, size, need, f"a batch of {batch} images of {size} px and their {tokens} x {tokens} "
-                      "attention map x 4 bytes"))
+        needs.append((key, size, need, f"a batch of {batch} ({batch_key}) images of {size} px and their "
+                      f"{tokens} x {tokens} attention map x 4 bytes"))
     # a classifier head of reference_classes outputs at the narrowest width (1): what no parameter target holds
     m = params.models
     needs.append(("models.reference_classes", m.reference_classes, 16 * m.reference_classes,

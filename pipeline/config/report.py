@@ -46,7 +46,7 @@ class Report(Section):
     # When this data draw (the top-level `seed`) was first generated: a ledger row registered (contrasts.csv,
     # bench.registration) before it is confirmatory on it, a later one exploratory (its design may have seen these
     # data). Null: no row is confirmatory. Set it to the time of the commit that first runs a new draw.
-    registered_before: Annotated[datetime | None, BeforeValidator(_timestamp)] = None
+    registered_before: Annotated[datetime | None, BeforeValidator(_timestamp)]
 
     @model_validator(mode="after")
     def _expected(self) -> Report:

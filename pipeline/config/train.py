@@ -109,7 +109,7 @@ class Train(Section):
     size: PosInt  # training-set size of the main grid (one of slice.train_sizes)
     # per_seed: each seed trains on its own class-balanced draw from the slice stage's pool (every arm's seed s on
     # the same draw, so pairs stay paired and intervals carry the data draw); fixed: every seed on train_<size>
-    draw: Literal["per_seed", "fixed"] = "per_seed"
+    draw: Literal["per_seed", "fixed"]
     archs: dict[str, ArchEntry]
     grids: dict[Name, Grid]  # a grid's name is part of its runs' names
     recipe: Recipe

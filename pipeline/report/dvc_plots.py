@@ -15,7 +15,8 @@ PATH = Path(".dvc/plots/arch_lines.json")
 
 
 def arch_lines() -> dict:
-    """One line per architecture, coloured as in the PNGs; y fixed to 0-1; a dash per DVC revision."""
+    """One line per architecture, coloured as in the PNGs; y fixed to 0-1; a dash per DVC revision. Points with no
+    number are dropped first: an arch a profile does not train on a task is an empty column, not a line at 0."""
     return {
         "$schema": "https://vega.github.io/schema/vega-lite/v5.json",
         "data": {"values": "<DVC_METRIC_DATA>"},
@@ -23,6 +24,7 @@ def arch_lines() -> dict:
         "width": 420,
         "height": 300,
         "transform": [
+            {"filter": "isValid(datum['<DVC_METRIC_Y>']) && datum['<DVC_METRIC_Y>'] !== ''"},
             {"calculate": "isValid(datum.arch) ? datum.arch : replace(datum.field, /^.*\\//, '')", "as": "arch_"},
             {"calculate": "isValid(datum.series) ? datum.series : datum.field", "as": "series_"},
         ],

@@ -14,7 +14,16 @@ import numpy as np
 import pandas as pd
 
 from pipeline.errors import ConfigError, StageError
-from pipeline.io import atomic_dir, checked_arrays, read_json, save_npz, sha256_bytes, sha256_file, write_json
+from pipeline.io import (
+    atomic_dir,
+    check_kind,
+    checked_arrays,
+    read_json,
+    save_npz,
+    sha256_bytes,
+    sha256_file,
+    write_json,
+)
 from pipeline.schemas import TASK_META
 from pipeline.slicing import image_digests, make_splits, manifest
 from pipeline.stages.common import parse_stage, stage_main
@@ -24,12 +33,16 @@ from pipeline.tasks import TASKS
 def load_task(folder: Path) -> tuple[np.ndarray, np.ndarray, pd.DataFrame, dict]:
     """(images, labels, factors, meta) of a task's folder, each checked against the others and meta.json."""
     meta = read_json(folder / "meta.json", TASK_META)
-    try:
-        images = np.load(checked_arrays(folder / "images.npy"), allow_pickle=False)
-        labels = np.load(checked_arrays(folder / "labels.npy"), allow_pickle=False)
-        factors = pd.read_csv(folder / "factors.csv", keep_default_na=False)
-    except (OSError, ValueError) as err:
-        raise StageError(f"{folder}: cannot read the task data ({err})") from None
+    loaded: dict = {}
+    for name, read in (("images.npy", lambda p: np.load(checked_arrays(p), allow_pickle=False)),
+                       ("labels.npy", lambda p: np.load(checked_arrays(p), allow_pickle=False)),
+                       ("factors.csv", lambda p: pd.read_csv(check_kind(p), keep_default_na=False))):
+        try:
+            loaded[name] = read(folder / name)
+        except (OSError, ValueError) as err:  # pandas' EmptyDataError and ParserError are ValueErrors
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise StageError(f"{folder / name}: cannot read it ({first[:160]}); rerun the data stage") from None
+    images, labels, factors = loaded["images.npy"], loaded["labels.npy"], loaded["factors.csv"]
     if images.dtype != np.uint8 or images.ndim != 4 or len(images) != len(labels):
         raise StageError(f"{folder / 'images.npy'}: expected uint8 (N,H,W,C) matching labels, got {images.dtype} "
                          f"{images.shape} vs {labels.shape}")
