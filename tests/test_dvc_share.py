@@ -138,6 +138,7 @@ def series_with_data() -> dict[str, set[str]]:
 needs_node = pytest.mark.skipif(shutil.which("node") is None, reason="needs node (apt-get install nodejs)")
 
 
+@pytest.mark.slow  # runs dvc and node (seconds)
 @needs_node
 def test_the_drop_empty_filter_draws_every_series_with_data_and_no_other(tmp_path):
     template = json.loads((ROOT / ".dvc/plots/arch_lines.json").read_text())
@@ -147,6 +148,7 @@ def test_the_drop_empty_filter_draws_every_series_with_data_and_no_other(tmp_pat
     assert {t: {ln["series"] for ln in found} for t, found in lines.items()} == series_with_data()
 
 
+@pytest.mark.slow
 @needs_node
 @pytest.mark.xfail(strict=True, raises=DrawnWithoutData, reason=(
     "the committed template draws an empty column as a line at 0 (the relation plot's archs the default profile "

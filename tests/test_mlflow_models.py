@@ -98,21 +98,34 @@ def test_a_run_logs_a_loadable_model_and_a_teacher_registers_once(tmp_path, monk
 
     x = torch.from_numpy(example)
     with mlflow_store(tmp_path), torch.no_grad():
+        info = mlflow.models.get_model_info(f"models:/{model.model_id}")
+        assert info.signature is not None and info.saved_input_example_info is not None
+        assert list(info.signature.inputs.to_dict()[0]["tensor-spec"]["shape"]) == [-1, 3, 2, 2]
         for where in (f"models:/{model.model_id}", f"runs:/{run_id}/network", f"models:/{name}@alignment"):
-            torch.testing.assert_close(mlflow.pytorch.load_model(where)(x), net(x), msg=where)
+            loaded = mlflow.pytorch.load_model(where)
+            assert not loaded.training, where
+            torch.testing.assert_close(loaded(x), net(x), msg=where)
 
 
 def test_loading_the_model_module_leaves_logging_quiet():
-    """mlflow.pytorch's import would add a root log handler and route Lightning's banners through
-    ``pytorch_lightning``'s INFO logger; through tracking it does neither."""
+    """mlflow.pytorch's import adds a root log handler and routes Lightning's banners through
+    ``pytorch_lightning``'s INFO logger; through tracking it does neither (its modules imported afresh here, on a
+    root logger without handlers, as in a stage process)."""
     import logging
 
+    root, banners = logging.getLogger(), logging.getLogger("pytorch_lightning")
+    handlers, level = list(root.handlers), banners.level
     for name in [m for m in sys.modules if m == "mlflow.pytorch" or m.startswith("mlflow.pytorch.")]:
         sys.modules.pop(name)
-    before = list(logging.getLogger().handlers)
-    tracking._mlflow_pytorch()
-    assert logging.getLogger().handlers == before
-    assert not logging.getLogger("pytorch_lightning.utilities.rank_zero").isEnabledFor(logging.INFO)
+    root.handlers[:] = []
+    banners.setLevel(logging.INFO)
+    try:
+        tracking._mlflow_pytorch()
+        assert root.handlers == []
+        assert not logging.getLogger("pytorch_lightning.utilities.rank_zero").isEnabledFor(logging.INFO)
+    finally:
+        root.handlers[:] = handlers
+        banners.setLevel(level)
 
 
 @pytest.mark.slow
