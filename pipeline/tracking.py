@@ -212,6 +212,7 @@ class StageRun:
         self.latest: dict[str, dict[str, tuple[int, float]]] = {}  # per run: each curve's last (step, value)
         self.finals: dict[str, list] = {}  # per run: the final metrics logged, linked to its logged model
         self.models: dict[str, str] = {}  # per run: its logged model's id
+        self.model_tags: dict[str, dict[str, str]] = {}  # per run: the tags its logged model copies (MODEL_TAGS)
 
     def open(self, name: str, tags: dict[str, str], params: dict[str, Any], run_id: str | None = None,
              start_time: float | None = None) -> str:
@@ -223,8 +224,10 @@ class StageRun:
             try:
                 self.client.update_run(run_id, status="RUNNING")
                 self.running.add(run_id)
-                self.held[run_id] = {(key, m.step, m.value) for key in self.client.get_run(run_id).data.metrics
+                data = self.client.get_run(run_id).data
+                self.held[run_id] = {(key, m.step, m.value) for key in data.metrics
                                      for m in self.client.get_metric_history(run_id, key)}
+                self.model_tags[run_id] = {k: v for k, v in data.tags.items() if k in MODEL_TAGS}
                 self._remember(run_id, self.held[run_id])
                 return run_id
             except MlflowException:
@@ -235,6 +238,7 @@ class StageRun:
         start_ms = int(1000 * start_time) if start_time is not None else None
         run = self.client.create_run(self.experiment_id, run_name=run_label(name), tags=all_tags, start_time=start_ms)
         self.running.add(run.info.run_id)
+        self.model_tags[run.info.run_id] = {k: str(v) for k, v in tags.items() if k in MODEL_TAGS}
         self.log(run.info.run_id, params=params)
         return run.info.run_id
 
@@ -319,8 +323,8 @@ class StageRun:
         import torch
 
         needs = [f"torch=={torch.__version__.split('+')[0]}", f"timm=={timm.__version__}"]
-        tags = {k: v for k, v in self.client.get_run(run_id).data.tags.items() if k in MODEL_TAGS}
-        logged = self.client.create_logged_model(self.experiment_id, MODEL_NAME, run_id, tags=tags)
+        logged = self.client.create_logged_model(self.experiment_id, MODEL_NAME, run_id,
+                                                 tags=self.model_tags.get(run_id))
         try:
             self.client.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=0)])
             meta = Model(artifact_path=logged.artifact_location, model_uuid=logged.model_id, run_id=run_id,
