@@ -136,6 +136,9 @@ def test_a_trained_study_logs_each_metric_once(copy_workspace, monkeypatch, capf
     import yaml
     from mlflow.tracking import MlflowClient
 
+    from pipeline import live_runs
+
+    monkeypatch.setattr(live_runs, "LIVE_EVERY_S", 0.05)  # curves streamed while training: val_acc's repeat too
     monkeypatch.chdir(copy_workspace)
     ws = copy_workspace
     raw = edited(ws)
