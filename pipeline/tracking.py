@@ -11,9 +11,13 @@ The store path is absolute and resolved to the *original* repository even when D
 a copy under ``.dvc/tmp/exps/``, so every run of a sweep lands in the same store. Creating a fresh sqlite store
 from several processes at once corrupts it, so store and experiment creation happen under a file lock.
 
-Metric names: the headline numbers (``test_acc``, ``val_acc``, ``params``, ``train_flops``, ...) carry no
-prefix, so MLflow's run page shows them in its first chart section ("Model metrics"); the detail is grouped by
-prefix (``slice/``, ``budget/``, ``measured/``, ``train/``, ``val/``).
+Metric names: the headline numbers (``test_acc``, ``params``, ``train_flops``, ...) carry no prefix, so MLflow's
+run page shows them in its first chart section ("Model metrics"); the detail is grouped by prefix (``slice/``,
+``budget/``, ``measured/``, ``train/``, ``val/``). Each quantity is logged under one key (:data:`ALIASES`).
+
+Models: each run's network is an MLflow *logged model* named ``network`` (Models tab; ``models:/<model_id>`` or
+``runs:/<run_id>/network`` loads it); each teacher is also a version of the registered model
+``<prefix>-teacher-<arch>`` with its provenance as version tags and its task as alias (:meth:`StageRun.log`).
 """
 
 from __future__ import annotations
@@ -50,7 +54,15 @@ EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 WORKFLOW_QUERY = "workflowType=machine_learning"
 # The runs table's saved view: a fresh browser opening #/experiments/<id>/runs?viewStateShareKey=headline sees
 # these metric columns (MLflow 3 keeps the column choice per browser otherwise; checked in headless Chromium).
-HEADLINE_COLUMNS = ["test_acc", "acc/id", "acc/ood", "val_acc", "params", "train_flops"]
+HEADLINE_COLUMNS = ["test_acc", "acc/id", "acc/ood", "val/acc", "params", "train_flops"]
+# A final metric that repeats another key of the same run (by construction: pipeline.experiment._headline copies
+# the budget's and the id/ood slices' numbers into headline keys, and val_acc is the validation curve's last point):
+# dropped when the value it repeats is logged in the run, so each quantity has one key (the headline's, or the
+# curve's, whose latest value the runs table shows).
+ALIASES = {"budget/params": "params", "budget/train_flops": "train_flops", "budget/optimizer_steps": "optimizer_steps",
+           "slice/id": "acc/id", "slice/ood": "acc/ood", "val_acc": "val/acc"}
+MODEL_NAME = "network"  # the logged model's name: runs:/<run_id>/network resolves to it
+MODEL_TAGS = ("arch", "task", "model", "seed", "data_seed", "train_size", "steps", "identity")  # copied onto it
 
 
 def runs_url(base: str, experiment_id: str) -> str:
@@ -154,20 +166,53 @@ def metric_key(key: str) -> str:
     return re.sub(r"[^\w./ -]", "_", key)  # MLflow's allowed characters
 
 
+def alias(task: str) -> str:
+    """A registry alias for ``task`` (letters, digits, ``_`` and ``-``; never MLflow's reserved ``v<n>``)."""
+    name = re.sub(r"[^\w-]", "_", task) or "task"
+    return f"task_{name}" if re.fullmatch(r"v\d+|latest", name) else name
+
+
 def _batches(items: list, size: int) -> Iterator[list]:
     for i in range(0, len(items), size):
         yield items[i:i + size]
 
 
+def unaliased(metrics: dict[str, float], latest: dict[str, float]) -> dict[str, float]:
+    """``metrics`` less each :data:`ALIASES` key whose value is already the run's under the key it repeats (in
+    ``metrics`` itself, or ``latest``: the run's latest value of each curve). A value that differs is kept."""
+    known = {**latest, **metrics}
+    return {k: v for k, v in metrics.items() if not (k in ALIASES and known.get(ALIASES[k]) == v)}
+
+
+def _mlflow_pytorch():
+    """``mlflow.pytorch``, imported without its side effects on this process's logging: its Lightning autolog
+    module imports ``pytorch_lightning``, which takes over the banner logger every later Trainer prints through
+    ("GPU available", "TPU available", a tip, per run), and calls ``logging.basicConfig``, which prints them."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    import mlflow.pytorch
+
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    for name in ("pytorch_lightning", "lightning.pytorch", "lightning.fabric", "mlflow.pytorch"):
+        logging.getLogger(name).setLevel(logging.ERROR if name == "mlflow.pytorch" else logging.WARNING)
+    return mlflow.pytorch
+
+
 class StageRun:
     """One stage invocation's parent run, and the nested runs it opens, records and ends."""
 
-    def __init__(self, client, experiment_id: str, run_id: str, tags: dict[str, str]):
+    def __init__(self, client, experiment_id: str, run_id: str, tags: dict[str, str], prefix: str = "bias"):
         self.client, self.experiment_id, self.run_id, self.tags = client, experiment_id, run_id, tags
+        self.prefix = prefix  # the experiments' prefix: teachers register as <prefix>-teacher-<arch>
         self.running: set[str] = set()  # nested runs opened and not ended: ended with the stage if it fails
         # a reopened run's (metric, step, value) points in the store, kept up to date: an interrupted run's first
         # attempt logged some, and the resumed attempt replays its live file and the steps after its checkpoint
         self.held: dict[str, set[tuple[str, int, float]]] = {}
+        self.latest: dict[str, dict[str, tuple[int, float]]] = {}  # per run: each curve's last (step, value)
+        self.finals: dict[str, list] = {}  # per run: the final metrics logged, linked to its logged model
+        self.models: dict[str, str] = {}  # per run: its logged model's id
+        self.model_tags: dict[str, dict[str, str]] = {}  # per run: the tags its logged model copies (MODEL_TAGS)
 
     def open(self, name: str, tags: dict[str, str], params: dict[str, Any], run_id: str | None = None,
              start_time: float | None = None) -> str:
@@ -179,8 +224,11 @@ class StageRun:
             try:
                 self.client.update_run(run_id, status="RUNNING")
                 self.running.add(run_id)
-                self.held[run_id] = {(key, m.step, m.value) for key in self.client.get_run(run_id).data.metrics
+                data = self.client.get_run(run_id).data
+                self.held[run_id] = {(key, m.step, m.value) for key in data.metrics
                                      for m in self.client.get_metric_history(run_id, key)}
+                self.model_tags[run_id] = {k: v for k, v in data.tags.items() if k in MODEL_TAGS}
+                self._remember(run_id, self.held[run_id])
                 return run_id
             except MlflowException:
                 pass  # deleted, or from another store: start a new one
@@ -190,24 +238,38 @@ class StageRun:
         start_ms = int(1000 * start_time) if start_time is not None else None
         run = self.client.create_run(self.experiment_id, run_name=run_label(name), tags=all_tags, start_time=start_ms)
         self.running.add(run.info.run_id)
+        self.model_tags[run.info.run_id] = {k: str(v) for k, v in tags.items() if k in MODEL_TAGS}
         self.log(run.info.run_id, params=params)
         return run.info.run_id
+
+    def _remember(self, run_id: str, points) -> None:
+        """Keep each curve's last point (highest step) among ``points`` ``(key, step, value)``."""
+        latest = self.latest.setdefault(run_id, {})
+        for key, step, value in points:
+            if key not in latest or step >= latest[key][0]:
+                latest[key] = (step, value)
 
     def log(self, run_id: str | None = None, *, params: dict | None = None, metrics: dict | None = None,
             series: list[dict] | None = None, tags: dict | None = None) -> None:
         """Params, tags, final metrics, and per-step ``series`` rows ``{"step": k, name: value, ...}`` (a point a
-        reopened run already holds, same step and value, is not logged again)."""
+        reopened run already holds, same step and value, is not logged again; a final metric that repeats another
+        key's value, :data:`ALIASES`, is not logged). A teacher's own provenance record (the tags whose
+        ``teacher.mlflow_run_id`` is this run) registers its logged model (:meth:`register_teacher`)."""
         from mlflow.entities import Metric, Param, RunTag
 
         run_id = run_id or self.run_id
         now = int(time.time() * 1000)
-        entries = [Metric(metric_key(k), float(v), now, 0) for k, v in (metrics or {}).items()
-                   if isinstance(v, (int, float)) and v == v]  # NaN is not a metric
-        for row in series or []:
-            entries += [Metric(metric_key(k), float(v), now, int(row["step"])) for k, v in row.items()
-                        if k != "step" and v is not None]
+        points = [(metric_key(k), int(row["step"]), float(v)) for row in series or [] for k, v in row.items()
+                  if k != "step" and v is not None]
+        self._remember(run_id, points)
+        latest = {k: v for k, (_, v) in self.latest.get(run_id, {}).items()}
+        finals = {metric_key(k): float(v) for k, v in (metrics or {}).items()
+                  if isinstance(v, (int, float)) and v == v}  # NaN is not a metric
+        entries = [Metric(k, v, now, 0) for k, v in unaliased(finals, latest).items()]
+        entries += [Metric(k, v, now, step) for k, step, v in points]
         if (held := self.held.get(run_id)) is not None:  # a reopened run: each point once (a changed value is new)
             entries = [m for m in entries if (m.key, m.step, m.value) not in held]
+        self.finals.setdefault(run_id, []).extend(m for m in entries if m.key in finals)
         plist = [Param(k, str(v)[:6000]) for k, v in flatten(params or {}).items()]
         tlist = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
         for chunk in _batches(entries, 1000):
@@ -218,6 +280,8 @@ class StageRun:
             self.client.log_batch(run_id, params=chunk)
         if tlist:
             self.client.log_batch(run_id, tags=tlist)
+        if tags and str(tags.get("teacher.mlflow_run_id")) == run_id:
+            self.register_teacher(run_id, {k.removeprefix("teacher."): str(v) for k, v in tags.items()})
 
     def artifact(self, path: Path, run_id: str | None = None, folder: str | None = None) -> str:
         """Log a file or folder; returns its artifact URI (``runs:/<id>/<folder>/<name>``)."""
@@ -239,24 +303,88 @@ class StageRun:
                          tags=[InputTag("mlflow.data.context", d["context"])]) for d in inputs])
 
     def model(self, run_id: str, model: Any, example: Any) -> str:
-        """Log a trained torch ``model`` as the run's MLflow model, the artifact folder ``network`` (MLmodel,
-        the input example and its signature, the torch and timm versions it needs); returns its URI, which
-        ``mlflow.pytorch.load_model`` turns back into the module.
+        """Log a trained torch ``model`` as the run's MLflow logged model :data:`MODEL_NAME` (the Models tab; the
+        MLmodel names its model and run ids; input example, its inferred signature, the torch and timm versions
+        it needs), with the run's headline metrics linked to it; returns ``models:/<model_id>``, which
+        ``mlflow.pytorch.load_model`` turns back into the module (as it does ``runs:/<run_id>/network``).
 
-        Saved locally, then logged through this client: MLflow's fluent ``log_model`` would set the process's
-        global tracking URI (and ``$MLFLOW_TRACKING_URI``). Pickle format: a tenth of pt2's export time per
-        run on 2 cores, and the store is the user's own."""
-        import mlflow.pytorch
+        What ``mlflow.pytorch.log_model`` does, through this client: the fluent call would set the process's
+        tracking URI, re-log every metric of the run to link it, and load the saved model back to validate the
+        example. A reopened run that logged its model before is not logged again. Pickle format: a tenth of
+        pt2's export time per run on 2 cores, and the store is the user's own."""
+        from mlflow.entities import LoggedModelOutput, Metric
+        from mlflow.models import Model
+
+        if run_id in self.held and (known := self._logged_model(run_id)) is not None:
+            self.models[run_id] = known
+            return f"models:/{known}"
+        pytorch = _mlflow_pytorch()
         import timm
         import torch
 
-        logging.getLogger("mlflow.pytorch").setLevel(logging.ERROR)  # its advice on the format, once per run
         needs = [f"torch=={torch.__version__.split('+')[0]}", f"timm=={timm.__version__}"]
-        with tempfile.TemporaryDirectory(prefix="bias-model-") as tmp:
-            mlflow.pytorch.save_model(model, f"{tmp}/network", input_example=example, pip_requirements=needs,
-                                      serialization_format="pickle")
-            self.client.log_artifacts(run_id, f"{tmp}/network", "network")
-        return f"runs:/{run_id}/network"
+        logged = self.client.create_logged_model(self.experiment_id, MODEL_NAME, run_id,
+                                                 tags=self.model_tags.get(run_id))
+        try:
+            self.client.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=0)])
+            meta = Model(artifact_path=logged.artifact_location, model_uuid=logged.model_id, run_id=run_id,
+                         model_id=logged.model_id)
+            with tempfile.TemporaryDirectory(prefix="bias-model-") as tmp:
+                pytorch.save_model(model, f"{tmp}/{MODEL_NAME}", mlflow_model=meta, input_example=example,
+                                   pip_requirements=needs, serialization_format="pickle")
+                self.client.log_model_artifacts(logged.model_id, f"{tmp}/{MODEL_NAME}")
+            # the same points (key, step, value, timestamp) again, now naming the model: the store keeps each once
+            linked = [Metric(m.key, m.value, m.timestamp, m.step, model_id=logged.model_id, run_id=run_id)
+                      for m in self.finals.get(run_id, []) if m.key in HEADLINE_COLUMNS]
+            if linked:
+                self.client.log_batch(run_id, metrics=linked)
+        except BaseException:
+            _quietly(lambda: self.client.finalize_logged_model(logged.model_id, "FAILED"))
+            raise
+        self.client.finalize_logged_model(logged.model_id, "READY")
+        self.models[run_id] = logged.model_id
+        return f"models:/{logged.model_id}"
+
+    def _logged_model(self, run_id: str) -> str | None:
+        """The id of the READY logged model :data:`MODEL_NAME` of ``run_id``, if one was logged."""
+        from mlflow.entities import LoggedModelStatus
+
+        found = self.client.search_logged_models(
+            [self.experiment_id], filter_string=f"source_run_id = '{run_id}' AND name = '{MODEL_NAME}'")
+        ready = [m.model_id for m in found if m.status == LoggedModelStatus.READY]
+        return ready[0] if ready else None
+
+    def register_teacher(self, run_id: str, record: dict[str, str]) -> str | None:
+        """Register a teacher run's logged model as a version of ``<prefix>-teacher-<arch>`` (one registered
+        model per teacher type), tagged with its provenance ``record`` (pipeline.provenance.teacher_record: run,
+        seed, task, training set and data hashes, checkpoint hash, accuracies) and the run's identity, and point
+        the alias ``<task>`` at it. A run registered before keeps its version (a resumed record, a rerun).
+        Returns the version, or None where the run logged no model."""
+        from mlflow.exceptions import MlflowException
+
+        model_id = self.models.get(run_id) or self._logged_model(run_id)
+        if model_id is None:
+            return None
+        name = f"{self.prefix}-teacher-{record['arch']}"
+        run_tags = self.client.get_run(run_id).data.tags
+        tags = {**{k: run_tags[k] for k in ("data_seed", "identity", "git_commit", "params_sha256", "code_sha256")
+                   if k in run_tags}, **record}
+        found = self.client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
+        if found:
+            version = found[0].version
+        else:
+            try:
+                self.client.create_registered_model(name, tags={"teacher.arch": record["arch"]}, description=(
+                    f"Distillation teachers of type {record['arch']}: one version per trained teacher (task, "
+                    "seed, training set in its tags); the alias names its task."))
+            except MlflowException as err:
+                if err.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
+            version = self.client.create_model_version(
+                name, f"models:/{model_id}", run_id=run_id, tags=tags, model_id=model_id, await_creation_for=0,
+                description=run_description(run_tags) or None).version
+        self.client.set_registered_model_alias(name, alias(record.get("task", "")), str(version))
+        return str(version)
 
     def finish(self, run_id: str) -> None:
         self.end(run_id, "FINISHED")
@@ -296,7 +424,7 @@ def stage_run(params: Params, stage: str, name: str, tags: dict[str, str] | None
     _end_orphans(client, exp_id)
     parent = client.create_run(exp_id, run_name=name, tags={**base, "host": os.uname().nodename,
                                                            "pid": str(os.getpid())})
-    run = StageRun(client, exp_id, parent.info.run_id, base)
+    run = StageRun(client, exp_id, parent.info.run_id, base, params.tracking.experiment_prefix)
     monitor = SystemMetricsMonitor(run.run_id, sampling_interval=5, tracking_uri=uri)
     with store_faults(uri):
         monitor.start()
