@@ -104,7 +104,7 @@ def drawn(tmp_path: Path, template: dict) -> dict[str, list[dict]]:
 
 
 class DrawnWithoutData(AssertionError):
-    """Lines drawn through points that have no number (what the xfail below expects, and nothing else)."""
+    """Lines drawn through points that have no number."""
 
 
 def without_data(lines: dict[str, list[dict]]) -> list[str]:
@@ -150,10 +150,6 @@ def test_the_drop_empty_filter_draws_every_series_with_data_and_no_other(tmp_pat
 
 @pytest.mark.slow
 @needs_node
-@pytest.mark.xfail(strict=True, raises=DrawnWithoutData, reason=(
-    "the committed template draws an empty column as a line at 0 (the relation plot's archs the default profile "
-    "does not train there): DROP_EMPTY belongs in pipeline/report/dvc_plots.py (frozen while the study runs); "
-    "then remove this mark"))
 def test_dvc_plots_draw_no_series_without_data(tmp_path):
     lines = drawn(tmp_path, json.loads((ROOT / ".dvc/plots/arch_lines.json").read_text()))
     assert lines and all(lines.values())
