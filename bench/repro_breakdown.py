@@ -142,6 +142,14 @@ def seeds_by_row(ledger: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index(drop=True)
 
 
+DECIDED = ("held", "failed", "equivalent", "not equivalent")
+
+
+def decided_paired(ledger: pd.DataFrame) -> int:
+    """Paired ledger rows with a decision (held, failed, equivalent, not equivalent): what the plan buys."""
+    return int(((ledger.kind == "paired") & ledger.verdict.isin(DECIDED)).sum())
+
+
 def decided(summary: dict) -> tuple[int, int]:
     """(informative paired ledger rows, informative rows of every kind) from a report's ``summary.json``."""
     informative = summary.get("informative", {})
@@ -227,10 +235,16 @@ def main(argv: list[str] | None = None) -> int:
     savings = stop_savings(runs[runs.stage.isin(["train", "train_more", "tune"])])
     summary_path = args.repo / "reports" / "summary.json"
     paired, every = decided(json.loads(summary_path.read_text())) if summary_path.exists() else (0, 0)
-    timing["per_decision"] = {"informative_paired": paired, "informative": every,
-                              "worker_min_per_paired": t["worker_s"] / 60 / paired if paired else None}
-    write_json(args.out / "repro_timing.json", timing)
     ledger_path = args.repo / "reports" / "tables" / "ledger.csv"
+    n_decided = decided_paired(pd.read_csv(ledger_path)) if ledger_path.exists() else 0
+    vit_ms = t["ms_per_step"].get("vit")
+    timing["per_decision"] = {"informative_paired": paired, "informative": every,
+                              "worker_min_per_paired": t["worker_s"] / 60 / paired if paired else None,
+                              "decided_paired": n_decided,
+                              "worker_min_per_decided_paired": t["worker_s"] / 60 / n_decided if n_decided else None,
+                              "kvit_steps_per_decided_paired": (t["worker_s"] / (vit_ms / 1e3) / 1e3 / n_decided
+                                                                if n_decided and vit_ms else None)}
+    write_json(args.out / "repro_timing.json", timing)
     by_cell = cost_by_cell(runs, pd.read_csv(ledger_path)) if ledger_path.exists() else None
     others = []
     for item in args.compare:
@@ -242,6 +256,12 @@ def main(argv: list[str] | None = None) -> int:
                f"ledger row** ({t['worker_s'] / 60:.1f} worker-minutes, {paired} informative paired rows; "
                f"{t['worker_s'] / 60 / every:.1f} per informative row of any kind, {every} rows)"
                if paired else "no informative paired ledger row (or no reports/summary.json in --repo)")
+    dec = timing["per_decision"]
+    per_row += (f"; **{dec['worker_min_per_decided_paired']:.1f} worker-minutes per decided paired row** "
+                f"({n_decided} decided: held, failed, equivalent or not equivalent"
+                + (f"; {dec['kvit_steps_per_decided_paired']:.1f} thousand ViT steps each at this study's "
+                   f"{vit_ms:.1f} ms per ViT step)" if vit_ms else ")")
+                if n_decided else "; no decided paired row")
     saved, spent = savings.saved_min.sum(), savings.steps_min.sum()
     lines = [
         "# Full `dvc repro`: where the wall time went", "",

@@ -85,6 +85,12 @@ def test_cost_per_decided_question_and_what_stops_saved(tmp_path):
                   "verdict": ["held", "uninformative", "held"]}).to_csv(tmp_path / "reports/tables/ledger.csv")
     by_cell = repro_breakdown.cost_by_cell(repro_breakdown.run_rows(tmp_path),
                                            pd.read_csv(tmp_path / "reports/tables/ledger.csv"))
+    # per decided paired row: one held paired row buys the 1.9 worker-minutes (the floor and exact rows do not count)
+    assert repro_breakdown.main(["--log", str(log), "--repo", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out/repro_breakdown.md").read_text()
+    assert "**1.9 worker-minutes per decided paired row** (1 decided" in text
+    decision = json.loads((tmp_path / "out/repro_timing.json").read_text())["per_decision"]
+    assert decision["decided_paired"] == 1 and decision["worker_min_per_decided_paired"] == pytest.approx(1.9)
     assert by_cell.loc[("vit", "alignment")].tolist() == [1, 50 / 60, 1, 1]
     assert by_cell.loc[("resnet", "alignment")].tolist() == [1, 1.0, 2, 1]  # the paired row and its floor row
     # the seeds each row was judged on, and what an inconclusive one still needs
