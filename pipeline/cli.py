@@ -1,8 +1,9 @@
 """``bias``: the inner loop around the pipeline, in one console command (``[project.scripts]``).
 
 - ``bias repro [DVC ARGS]``: ``dvc repro`` of this repository (what ``make repro`` runs).
-- ``bias smoke [--keep DIR]``: the whole DAG on a tiny config (:mod:`bench.tiny`) in a throwaway copy of the
-  working tree, uncommitted edits included; about a minute. It leaves this repository, its outputs and its
+- ``bias smoke [--keep DIR]``: the whole DAG on a tiny config (:data:`bench.tiny.SMOKE` over
+  :data:`bench.tiny.TINY`) in a throwaway copy of the working tree, uncommitted edits included; about 90 s on
+  two idle cores, a line per stage and per run as they go. It leaves this repository, its outputs and its
   MLflow store untouched and ends with the copy's ledger counts.
 - ``bias run-one --arch vit --task alignment [--seed 0] [--steps N] [--lr X]``: one run of the main grid
   through the train stage's own code (:func:`pipeline.experiment.fit`), in this process, on the data the data
@@ -21,16 +22,19 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import deque
 from dataclasses import replace
 from pathlib import Path
 
 from bench import tiny
-from pipeline import profiles
+from pipeline import pair, profiles
 from pipeline.config import load_params, parse_params
 from pipeline.errors import ConfigError, StageError
 from pipeline.grid import Folders, at_main_budget, train_specs
@@ -56,6 +60,13 @@ def repro(args: argparse.Namespace) -> int:
     return subprocess.run([_bin("dvc"), "repro", *args.dvc_args], cwd=repo_root(), env=_env()).returncode
 
 
+# One BLAS/OpenMP thread per stage process: the stages run one at a time, and on tiny matrices OpenBLAS's second
+# thread mostly spins; when the two cores are busy it made the shortcut stage 4x slower (6 s -> 23-29 s wall,
+# 3 -> 13-17 s CPU, measured). Torch's own threads are set by each stage. The smoke's numbers are not the study's.
+SMOKE_ENV = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+PROGRESS = re.compile(r"\] (stage \d+ of \d+) \(dvc\.yaml order\): (\S+)|\] (run \d+ of \d+ done: \S+)")
+
+
 def smoke(args: argparse.Namespace) -> int:
     dest = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bias-smoke-"))
     if args.keep and dest.exists() and not dest.is_dir():
@@ -64,13 +75,13 @@ def smoke(args: argparse.Namespace) -> int:
         raise StageError(f"--keep {dest}: not an empty folder (the smoke copy needs its own)")
     t0 = time.perf_counter()
     try:
-        tiny.make_repo(dest)
+        tiny.make_repo(dest, tiny.SMOKE)
         print(f"smoke: tiny copy of the working tree in {dest}; dvc repro ...", flush=True)
-        proc = tiny.dvc(dest, "repro", check=False, timeout=1800)
-        if proc.returncode:
-            sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
-            print(f"smoke: dvc repro failed (exit {proc.returncode}) in {dest}", file=sys.stderr)
-            return proc.returncode
+        code, tail = _stream_progress([_bin("dvc"), "repro"], dest, t0)
+        if code:
+            sys.stderr.write("".join(tail))
+            print(f"smoke: dvc repro failed (exit {code}) in {dest}", file=sys.stderr)
+            return code
         ledger = read_json(dest / "reports" / "summary.json", REPORT_SUMMARY)["ledger"]
         counts = ", ".join(f"{n} {verdict}" for verdict, n in ledger.items() if n)
         where = f"; report {dest / 'reports' / 'README.md'}" if args.keep else ""
@@ -80,6 +91,29 @@ def smoke(args: argparse.Namespace) -> int:
     finally:
         if not args.keep:
             shutil.rmtree(dest, ignore_errors=True)
+
+
+def _stream_progress(cmd: list[str], cwd: Path, t0: float, timeout: float = 1800) -> tuple[int, deque]:
+    """Run ``cmd`` in the tiny copy, printing one line per stage started and per run done (the stages' own
+    progress lines, :mod:`pipeline.stages.common` and :mod:`pipeline.executor`) with the seconds since ``t0``;
+    returns the exit code and the output's last lines (what a failure shows)."""
+    tail: deque = deque(maxlen=80)
+    proc = subprocess.Popen(cmd, cwd=cwd, env={**tiny.env(cwd), **SMOKE_ENV}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace")
+    timer = threading.Timer(timeout, proc.kill)  # a hung stage ends the smoke rather than the terminal session
+    timer.start()
+    try:
+        for line in proc.stdout:
+            tail.append(line)
+            if m := PROGRESS.search(line):
+                said = f"{m[1]}: {m[2]}" if m[1] else f"  {m[3]}"
+                print(f"smoke [{time.perf_counter() - t0:4.0f} s] {said}", flush=True)
+        return proc.wait(), tail
+    finally:
+        timer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 PROFILES = ".profiles"  # gitignored: each profile's working copy, its data and DVC cache (reruns are incremental)
@@ -201,6 +235,10 @@ def run_one(args: argparse.Namespace) -> int:
             shutil.rmtree(out, ignore_errors=True)
 
 
+def pair_cmd(args: argparse.Namespace) -> int:
+    return pair.run(args.row, args.seeds, load_params(args.params))
+
+
 def ui(args: argparse.Namespace) -> int:
     store = f"sqlite:///{repo_root() / 'mlflow.db'}"
     return subprocess.run([_bin("mlflow"), "ui", "--host", "127.0.0.1", "--port", str(args.port),
@@ -213,7 +251,7 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("repro", help="dvc repro of this repository (extra arguments pass to dvc)")
     r.add_argument("dvc_args", nargs=argparse.REMAINDER)
     r.set_defaults(fn=repro)
-    s = sub.add_parser("smoke", help="the whole DAG on a tiny config in a throwaway copy (~1 min)")
+    s = sub.add_parser("smoke", help="the whole DAG on a tiny config in a throwaway copy (~90 s)")
     s.add_argument("--keep", help="an empty folder to keep the tiny copy in (default: a temporary one, removed)")
     s.set_defaults(fn=smoke)
     o = sub.add_parser("run-one", help="one main-grid run through the train stage's code, nothing recorded")
@@ -225,6 +263,12 @@ def parser() -> argparse.ArgumentParser:
     o.add_argument("--params", default="params.yaml")
     o.add_argument("--out", help="keep the run's checkpoints and summary.json here (default: discarded)")
     o.set_defaults(fn=run_one)
+    d = sub.add_parser("pair", help="one paired ledger row's two arms for N seeds, nothing recorded: the paired "
+                                     "difference per seed, its mean and interval, beside the committed ledger's")
+    d.add_argument("row", help="a ledger row id (reports/tables/ledger.csv), e.g. alignment.resnet_vs_vit.alignment")
+    d.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 of both arms (default 3)")
+    d.add_argument("--params", default="params.yaml")
+    d.set_defaults(fn=pair_cmd)
     f = sub.add_parser("profile", help="params.yaml + profiles/<name>.yaml's study in .profiles/<name>, its report "
                                        "in reports/<name>/ (params.yaml and the default reports/ untouched); "
                                        "no name: list the profiles")
@@ -239,6 +283,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if getattr(args, "seeds", 1) < 1:
+        print(f"error: --seeds {args.seeds}: must be at least 1", file=sys.stderr)
+        return 2
     for name in ("steps", "lr"):
         value = getattr(args, name, None)
         if value is not None and not (math.isfinite(value) and value > 0):  # nan > 0 is False, but so is nan <= 0

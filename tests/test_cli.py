@@ -1,11 +1,14 @@
 """``bias`` (pipeline/cli.py): ``run-one`` trains a cell through the train stage's code and reproduces the stage's
-own numbers without recording anything; ``smoke`` runs the DAG in a throwaway copy; bad arguments are one line."""
+own numbers without recording anything; ``pair`` does so for both arms of a ledger row and reproduces the ledger's
+estimate; ``smoke`` runs the DAG in a throwaway copy; bad arguments are one line."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
+import pandas as pd
 import pytest
 import tiny_repo
 
@@ -61,6 +64,55 @@ def test_run_one_refuses_what_the_grid_lacks_in_one_line(tmp_path, monkeypatch, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]  # nothing written
 
 
+def test_pair_reproduces_the_ledger_row_and_records_nothing(copy_reproduced_repo):
+    """Seed 0 is the study's own run of both arms: its difference is the tiny ledger's estimate (one seed); seed 1
+    is new, and the interval comes from both."""
+    repo = copy_reproduced_repo
+    before = tree(repo)
+    proc = bias(repo, "pair", "alignment.resnet_vs_vit", "--seeds", "2")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.splitlines()
+    assert out[0].startswith("pair alignment.resnet_vs_vit.alignment: resnet - vit on slice/ood of alignment"), out[0]
+    started = [x for x in out if re.match(r"\[\d\d:\d\d:\d\d\] run \d of 4 started: ", x)]
+    assert [x.split(": ")[1].split(",")[0] for x in started] == [
+        f"train/{arm}/alignment/n128-t20-s{seed}-d0-criterion" for seed in (0, 1) for arm in ("resnet", "vit")]
+    assert len([x for x in out if re.match(r"\[\d\d:\d\d:\d\d\] run \d of 4 done in [\d.]+ s", x)]) == 4
+    table = out[out.index(next(x for x in out if x.split()[:1] == ["seed"])) + 1:][:2]
+    diffs = [float(x.split()[3]) for x in table]
+    ledger = pd.read_csv(repo / "reports/tables/ledger.csv").set_index("id").loc["alignment.resnet_vs_vit.alignment"]
+    assert ledger.seeds == 1 and diffs[0] == pytest.approx(ledger.estimate, abs=5e-5)  # printed to 4 decimals
+    mean = next(x for x in out if x.startswith("mean "))
+    assert float(mean.split()[1].rstrip(",")) == pytest.approx(sum(diffs) / 2, abs=1e-4)
+    assert "95% interval [" in mean and f"{int(ledger['items'])} items" in mean
+    assert out[-1].startswith(f"committed ledger (reports/tables/ledger.csv): {ledger.estimate:+.4f} no interval "
+                              "over 1 seed(s)"), out[-1]
+    assert tree(repo) == before  # no MLflow run, no DVC output, no checkpoint left behind
+
+
+def test_pair_refuses_what_is_not_a_trainable_row_in_one_line(tmp_path, monkeypatch, capsys):
+    """In-process (``cli.main``): a row is found from params alone, and refused before anything trains."""
+    archs = {arch: {"models": model, "tasks": ["alignment", "relation"]}
+             for arch, model in (("vit", "vit"), ("resnet", "resnet"), ("nomix", "vit"))}
+    tiny_repo.write_params(tmp_path / "params.yaml", tiny_repo.params_with({"train": {"archs": archs}}))
+    monkeypatch.chdir(tmp_path)  # pair reads params.yaml, data/ and the committed ledger relative to the root
+    for args, says in [(("nope",), "row nope: no such ledger row (paired rows here: "),
+                       (("alignment.resnet_vs_vitt",), "did you mean alignment.resnet_vs_vit.alignment?"),
+                       (("floor.nomix.alignment",), "row floor.nomix.alignment: a floor row (nomix against the "
+                                                    "task's shortcut floor)"),
+                       (("alignment.stride",), "row alignment.stride: resnet_s1 vs resnet is a contrast of "
+                                               "pipeline/report/contrasts.csv, but this configuration does not"),
+                       (("budget.resnet.alignment.flops3000",), "a budget row pairs one cell with itself"),
+                       (("alignment.resnet_vs_vit.alignment",),
+                        "row alignment.resnet_vs_vit.alignment: its arms cannot train from what is on disk "
+                        "(data/tasks/alignment: missing); run `dvc repro slice@alignment` first"),
+                       (("alignment.resnet_vs_vit", "--seeds", "0"), "--seeds 0: must be at least 1")]:
+        code = cli.main(["pair", *args])
+        err = capsys.readouterr().err
+        assert code == 2 and err.startswith("error: ") and says in err, (args, err)
+        assert len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]  # nothing written
+
+
 @pytest.mark.slow
 def test_smoke_runs_the_dag_in_a_copy_and_leaves_the_repository_alone(tmp_path):
     status = ["git", "status", "--porcelain", "--untracked-files=all"]
@@ -68,6 +120,10 @@ def test_smoke_runs_the_dag_in_a_copy_and_leaves_the_repository_alone(tmp_path):
     proc = bias(tiny_repo.ROOT, "smoke", "--keep", str(tmp_path / "copy"))
     assert proc.returncode == 0, proc.stderr
     assert "smoke: the whole DAG ran in" in proc.stdout and "ledger rows:" in proc.stdout
+    progress = [x for x in proc.stdout.splitlines() if re.match(r"smoke \[ *\d+ s\] ", x)]
+    stages = [x.split("] ")[1] for x in progress if "] stage " in x]
+    assert stages[0] == f"stage 1 of {len(stages)}: validate" and stages[-1].endswith(": report"), progress
+    assert any(re.search(r"\] +run 1 of \d+ done: train/", x) for x in progress), progress  # runs as they end
     assert (tmp_path / "copy/reports/README.md").exists() and (tmp_path / "copy/dvc.lock").exists()
     after = subprocess.run(status, cwd=tiny_repo.ROOT, capture_output=True, text=True, check=True).stdout
     assert after == before

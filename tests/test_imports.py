@@ -38,7 +38,7 @@ LAYERS = (
     ("the report", tuple(f"report/{m}" for m in (
         "sources", "sequential", "stats", "aggregate", "cells", "learnability", "contrasts", "gate", "measure",
         "ledger", "seeds", "markdown", "figures", "dvc_plots", "natural", "finetune", "collisions", "pages"))),
-    ("entry points", ("stages/", "cli", "readme")),
+    ("entry points", ("stages/", "pair", "cli", "readme")),
 )
 
 
