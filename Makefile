@@ -57,5 +57,5 @@ mlflow-ui: $(STAMP)  ## the MLflow UI on http://127.0.0.1:5000
 profile: $(STAMP)  ## NAME=quick|large|...: params.yaml + profiles/NAME.yaml beside the default, report in reports/NAME/ (no NAME: the list)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/bias profile $(NAME)
 
-smoke: $(STAMP)  ## the whole DAG on a tiny config in a throwaway copy (about a minute)
+smoke: $(STAMP)  ## the whole DAG on a tiny config in a throwaway copy (about 100 s of CPU: 1.5-3 min)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/bias smoke
