@@ -68,14 +68,22 @@ PROGRESS = re.compile(r"\] (stage \d+ of \d+) \(dvc\.yaml order\): (\S+)|\] (run
 
 
 def smoke(args: argparse.Namespace) -> int:
-    dest = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bias-smoke-"))
+    try:  # a folder that cannot be made (under /proc, a full or read-only TMPDIR) is the user's path, not a bug
+        dest = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bias-smoke-"))
+    except OSError as err:
+        raise StageError(f"cannot make a temporary folder in {tempfile.gettempdir()} ({err.strerror or err}); "
+                         "set TMPDIR to a folder with room, or use --keep DIR") from None
     if args.keep and dest.exists() and not dest.is_dir():
         raise StageError(f"--keep {dest}: a file, not a folder")
     if args.keep and dest.exists() and any(dest.iterdir()):
         raise StageError(f"--keep {dest}: not an empty folder (the smoke copy needs its own)")
     t0 = time.perf_counter()
     try:
-        tiny.make_repo(dest, tiny.SMOKE)
+        try:
+            tiny.make_repo(dest, tiny.SMOKE)
+        except OSError as err:
+            raise StageError(f"{'--keep ' if args.keep else ''}{dest}: cannot copy the working tree there "
+                             f"({err.strerror or err})") from None
         print(f"smoke: tiny copy of the working tree in {dest}; dvc repro ...", flush=True)
         code, tail = _stream_progress([_bin("dvc"), "repro"], dest, t0)
         if code:

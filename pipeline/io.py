@@ -38,11 +38,20 @@ def _naming(path: Path) -> Iterator[None]:
         raise OSError(err.errno, err.strerror, str(path)) from err
 
 
+def _make_folder(folder: Path) -> None:
+    """``mkdir -p folder``. Not found while making folders means the filesystem there makes none (``/proc``,
+    ``/sys``): the user's path, one line (other errors, read-only or a file on the way, are the stage's to say)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileNotFoundError as err:
+        raise StageError(f"cannot write {folder}: no folder can be made there ({err.strerror})") from None
+
+
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it over ``path`` only if the block succeeds."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _make_folder(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
     os.close(fd)
     tmp = Path(tmp)
@@ -63,7 +72,7 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise FileExistsError(errno.EEXIST, "a file stands where the output folder goes", str(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _make_folder(path.parent)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     os.chmod(tmp, 0o755)  # noqa: S103  mkdtemp makes it private; the final folder should read like any other
     try:
@@ -318,10 +327,9 @@ def exclusive(folder: Path, what: str) -> Iterator[None]:
             handle.seek(0)
             holder = handle.read().strip() or "another process"
             raise StageError(f"{folder}: {what} is already running on it ({holder}; lock {path})") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()}")
-        handle.flush()
+        with _naming(path):  # unbuffered: a full temp folder fails here, naming the lock, not again at close
+            os.ftruncate(handle.fileno(), 0)
+            os.write(handle.fileno(), f"pid {os.getpid()}".encode())
         try:
             yield
         finally:

@@ -20,6 +20,7 @@ from filelock import FileLock, Timeout
 
 from pipeline.config import Params
 from pipeline.errors import ConfigError, StageError
+from pipeline.io import check_kind
 from pipeline.repository import repo_root
 
 STORE_NAME = "mlflow.db"
@@ -81,6 +82,7 @@ def check_store(params: Params) -> str:
             raise StageError(f"{blocker}: not a folder, so it cannot hold the MLflow store {path} ({key})")
         if path.is_dir():
             raise StageError(f"{path}: a folder, not an SQLite MLflow store ({key}); move it aside and rerun")
+        check_kind(path)  # a FIFO or a device would block sqlite's open; a loop of links, MLflow retries for minutes
         if path.exists() and path.stat().st_size and path.read_bytes()[:16] != SQLITE_MAGIC:
             raise StageError(f"{path}: not an SQLite MLflow store (corrupt?); move it aside and rerun "
                              "(a fresh store is created)")
@@ -159,13 +161,21 @@ def fault_reason(err: BaseException) -> str | None:
     from mlflow.exceptions import MlflowException
 
     if isinstance(err, MlflowException):
-        return None if err.error_code in ANSWERS else _first_line(err.message)
-    if isinstance(err, (sqlalchemy.exc.SQLAlchemyError, requests.RequestException, OSError, json.JSONDecodeError)):
-        line = _first_line(str(err))  # SQLAlchemy's own start "(sqlite3.DatabaseError) ..."
-        if any(says in line for says in FULL) or getattr(err, "errno", None) in (errno.ENOSPC, errno.EFBIG):
-            return f"no room to write (disk full or a file-size limit): {line}"
-        return line if line.startswith("(") else f"{type(err).__name__}: {line}"
-    return None
+        if err.error_code in ANSWERS:
+            return None
+        text = err.message  # MLflow wraps SQLAlchemy's text (a full disk included)
+    elif isinstance(err, (sqlalchemy.exc.SQLAlchemyError, requests.RequestException, OSError, json.JSONDecodeError)):
+        text = str(err)
+    else:
+        return None
+    # SQLAlchemy's own start "(sqlite3.DatabaseError) ...", after its note on autoflush when a query flushed
+    line = _first_line("\n".join(x for x in text.splitlines() if not x.startswith(AUTOFLUSH)))
+    if any(says in line for says in FULL) or getattr(err, "errno", None) in (errno.ENOSPC, errno.EFBIG):
+        return f"no room to write (disk full or a file-size limit): {line}"
+    return line if line.startswith("(") or isinstance(err, MlflowException) else f"{type(err).__name__}: {line}"
+
+
+AUTOFLUSH = "(raised as a result of Query-invoked autoflush"
 
 
 def _first_line(message: object, limit: int = 300) -> str:

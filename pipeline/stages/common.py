@@ -171,6 +171,8 @@ def run_training(stage: str, specs: list, params: Params, args: argparse.Namespa
     without workers)."""
     rt = params.train.runtime
     check_launch(rt)
+    for folder in (args.out, args.ckpt):  # a file there would fail the first run, after it trained and logged
+        check_kind(folder, folder=True, error=StageError)
     with worker_pool(rt.workers if len(specs) > 1 else 1, rt.scheduler, WORKER_IMPORTS) as pool:
         from pipeline.experiment import execute  # after the pool started: the workers import meanwhile
 
