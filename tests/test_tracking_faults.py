@@ -248,3 +248,15 @@ def test_a_full_disk_says_so_and_names_the_store():
         "database or disk is full"))
     assert mlflow_store.fault_reason(full).startswith("no room to write (disk full or a file-size limit): ")
     assert mlflow_store.fault_reason(OSError(27, "File too large")).startswith("no room to write")
+
+
+def test_a_full_disk_inside_mlflow_says_so_not_sqlalchemys_autoflush_note():
+    """MLflow wraps SQLAlchemy's text, which opens with a note on autoflush when a query flushed the failing write
+    (what a file-size limit gave in the bad-input table's full-disk-store case)."""
+    from mlflow.exceptions import MlflowException
+
+    wrapped = MlflowException("(raised as a result of Query-invoked autoflush; consider using a session.no_autoflush "
+                              "block if this flush is occurring prematurely)\n(sqlite3.OperationalError) disk I/O "
+                              "error\n[SQL: INSERT INTO runs (run_uuid) VALUES (?)]")
+    assert mlflow_store.fault_reason(wrapped) == ("no room to write (disk full or a file-size limit): "
+                                                  "(sqlite3.OperationalError) disk I/O error")
