@@ -1195,6 +1195,8 @@ def test_the_docstring_counts_each_class():
     said = dict(re.findall(r"^- (.+): (\d+) cases$", __doc__, re.MULTILINE))
     assert {name: len(cases) for name, cases in TABLE.items()} == {name: int(n) for name, n in said.items()}
     assert f"{len(CASES)} cases by class" in __doc__
+    usage = (Path(__file__).resolve().parents[1] / "docs/usage.md").read_text()
+    assert f"({len(CASES)} cases in {len(TABLE)} classes," in " ".join(usage.split())  # its Troubleshooting
     assert len({case.id for case in CASES}) == len(CASES) >= 140
     assert all(len(cases) >= 3 for cases in TABLE.values())
 
