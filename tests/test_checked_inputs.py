@@ -134,16 +134,20 @@ def test_read_json_refuses_each_shape_in_one_line(tmp_path, content, message):
     assert str(err.value).startswith(str(tmp_path / message)) and "\n" not in str(err.value), err.value
 
 
-@pytest.mark.parametrize("reader", ["json", "params", "hash"])
+@pytest.mark.parametrize("reader", ["json", "params", "hash", "store"])
 def test_a_fifo_in_place_of_an_input_is_one_line_not_a_hang(tmp_path, reader):
-    """A named pipe with no writer blocks open() for good: every reader checks the kind of file first."""
+    """A named pipe with no writer blocks open() for good: every reader checks the kind of file first (the MLflow
+    store too: sqlite would block opening it)."""
     import os
 
     from pipeline.io import sha256_file
+    from pipeline.mlflow_store import check_store
 
     path = tmp_path / "meta.json"
     os.mkfifo(path)
-    read = {"json": lambda: read_json(path), "params": lambda: load_params(path), "hash": lambda: sha256_file(path)}
+    store = parse_params(tiny_repo.params_with({"tracking": {"tracking_uri": f"sqlite:///{path}"}}))
+    read = {"json": lambda: read_json(path), "params": lambda: load_params(path), "hash": lambda: sha256_file(path),
+            "store": lambda: check_store(store)}
     with pytest.raises((StageError, ConfigError), match=r"meta.json: not a file \(a FIFO \(named pipe\); reading"):
         read[reader]()
 
@@ -157,6 +161,14 @@ def test_wildcard_fields_are_checked_under_every_entry(tmp_path):
     path.write_text(json.dumps({**good, "baselines": {"a": {"acc": 0.6, "n": 64}, "b": {"acc": "0.3", "n": 64}}}))
     with pytest.raises(StageError, match=r"'baselines.b.acc' should be a number in \[0, 1\], not a string"):
         read_json(path, schemas.SHORTCUT_FLOORS)
+
+
+def test_an_output_where_no_folder_can_be_made_is_one_line():
+    """``/proc`` makes no folders (mkdir says not found): the user's path, not a traceback."""
+    from pipeline.io import write_text
+
+    with pytest.raises(StageError, match=r"cannot write /proc/bias-nowhere: no folder can be made there"):
+        write_text("/proc/bias-nowhere/validated.txt", "x")
 
 
 def test_read_json_returns_the_mapping(tmp_path):
