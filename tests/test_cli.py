@@ -113,6 +113,16 @@ def test_pair_refuses_what_is_not_a_trainable_row_in_one_line(tmp_path, monkeypa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]  # nothing written
 
 
+def test_smoke_where_no_copy_can_go_is_one_line(tmp_path, monkeypatch, capsys):
+    """A --keep folder that cannot be made, or a TMPDIR that takes no folder: one line, not a traceback."""
+    assert cli.main(["smoke", "--keep", "/proc/bias-smoke"]) == 2
+    assert capsys.readouterr().err == ("error: --keep /proc/bias-smoke: cannot copy the working tree there (No such "
+                                       "file or directory)\n")
+    monkeypatch.setattr(cli.tempfile, "tempdir", "/proc")  # what tempfile.gettempdir() answers for TMPDIR=/proc
+    assert cli.main(["smoke"]) == 2
+    assert capsys.readouterr().err.startswith("error: cannot make a temporary folder in /proc (")
+
+
 @pytest.mark.slow
 def test_smoke_runs_the_dag_in_a_copy_and_leaves_the_repository_alone(tmp_path):
     status = ["git", "status", "--porcelain", "--untracked-files=all"]
