@@ -8,7 +8,7 @@ folder, FIFO or link added or removed (so nothing half-written is left). A case 
 ``limit`` seconds fails as hung (a blocking read); ``fsize`` runs the stage under a file-size limit (a disk that
 fills up). Unwritable destinations, a second stage on the same outputs and two concurrent ``dvc repro`` are
 separate tests below; a store locked by another writer (sqlite's 20 s wait) is in tests/test_tracking_faults.py.
-Cases marked ``xfail`` name the file whose fix they wait for (FROZEN_FIXES.md has the diffs): the lead deletes
+Cases marked ``xfail`` name the file whose fix they wait for, and the fix, in their reason: the lead deletes
 the mark once that fix is merged (``strict``: an unexpected pass fails).
 
 The table (``TABLE``), 326 cases by class (test_the_docstring_counts_each_class keeps these counts true):
@@ -948,7 +948,7 @@ CHECKPOINTS = [  # checkpoints: the teacher's weights missing, tampered, truncat
     Case("teacher-provenance-missing", "train", remove(f"{TEACHER}/provenance.json"), ("provenance.json",)),
     Case("weights-unsafe-pickle", "train", teacher_weights(malicious),
          ("weights.pt", "treat it as unsafe", "delete it"),
-         xfail="needs fix in pipeline/provenance.py"),
+         xfail="needs fix in pipeline/provenance.py: match 'unsupported global' case-insensitively"),
     Case("weights-unknown-global", "train", teacher_weights(pickled_path), ("weights.pt", "treat it as unsafe")),
     Case("weights-empty", "train", teacher_weights(b""), ("weights.pt", "not a resnet checkpoint")),
     Case("weights-truncated-forged", "train", teacher_weights(truncated_zip_checkpoint),
