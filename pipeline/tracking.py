@@ -12,16 +12,19 @@ a copy under ``.dvc/tmp/exps/``, so every run of a sweep lands in the same store
 from several processes at once corrupts it, so store and experiment creation happen under a file lock.
 
 Metric names: the headline numbers (``test_acc``, ``params``, ``train_flops``, ...) carry no prefix, so MLflow's
-run page shows them in its first chart section ("Model metrics"); the detail is grouped by prefix (``slice/``,
-``budget/``, ``measured/``, ``train/``, ``val/``). Each quantity is logged under one key (:data:`ALIASES`).
+run page shows them in its first chart section ("Model metrics"); the curves are grouped by prefix (``train/``,
+``val/``). Each quantity is logged under one key (:data:`ALIASES`). The single-value detail (``slice/``,
+``budget/``, ``measured/``, ...: :data:`TABLE_PREFIXES`) is one table artifact per run, :data:`SCALARS` (the
+artifact viewer shows it as a sortable table), not ~70 metrics: as metrics, each was a bar chart of one bar on
+the run's metrics page, ahead of the curves.
 
-Models: each run's network is an MLflow *logged model* named ``network`` (Models tab; ``models:/<model_id>`` or
-``runs:/<run_id>/network`` loads it); each teacher is also a version of the registered model
-``<prefix>-teacher-<arch>`` with its provenance as version tags and its task as alias (:meth:`StageRun.log`).
+Models: each run's network is an MLflow *logged model* and each teacher a registered model version
+(pipeline.mlflow_models, through :meth:`StageRun.model` and :meth:`StageRun.log`).
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import os
@@ -36,6 +39,15 @@ from typing import Any
 from pipeline.config import Params
 from pipeline.environment import environment
 from pipeline.errors import StageError
+from pipeline.mlflow_models import (  # noqa: F401 (MODEL_NAME, alias: callers read them here)
+    MODEL_NAME,
+    MODEL_TAGS,
+    alias,
+    log_model,
+    logged_model,
+    quietly,
+    register_teacher,
+)
 from pipeline.mlflow_store import (  # noqa: F401 (tracking_uri, store_faults: callers read them here)
     _client,
     _store_lock,
@@ -61,8 +73,11 @@ HEADLINE_COLUMNS = ["test_acc", "acc/id", "acc/ood", "val/acc", "params", "train
 # curve's, whose latest value the runs table shows).
 ALIASES = {"budget/params": "params", "budget/train_flops": "train_flops", "budget/optimizer_steps": "optimizer_steps",
            "slice/id": "acc/id", "slice/ood": "acc/ood", "val_acc": "val/acc"}
-MODEL_NAME = "network"  # the logged model's name: runs:/<run_id>/network resolves to it
-MODEL_TAGS = ("arch", "task", "model", "seed", "data_seed", "train_size", "steps", "identity")  # copied onto it
+
+
+# Final metrics under these prefixes are rows of the run's table artifact SCALARS (section, name, value), not metrics.
+TABLE_PREFIXES = ("slice/", "budget/", "measured/", "student_train/", "transfer/")
+SCALARS = "scalars.csv"
 
 
 def runs_url(base: str, experiment_id: str) -> str:
@@ -166,12 +181,6 @@ def metric_key(key: str) -> str:
     return re.sub(r"[^\w./ -]", "_", key)  # MLflow's allowed characters
 
 
-def alias(task: str) -> str:
-    """A registry alias for ``task`` (letters, digits, ``_`` and ``-``; never MLflow's reserved ``v<n>``)."""
-    name = re.sub(r"[^\w-]", "_", task) or "task"
-    return f"task_{name}" if re.fullmatch(r"v\d+|latest", name) else name
-
-
 def _batches(items: list, size: int) -> Iterator[list]:
     for i in range(0, len(items), size):
         yield items[i:i + size]
@@ -182,21 +191,6 @@ def unaliased(metrics: dict[str, float], latest: dict[str, float]) -> dict[str, 
     ``metrics`` itself, or ``latest``: the run's latest value of each curve). A value that differs is kept."""
     known = {**latest, **metrics}
     return {k: v for k, v in metrics.items() if not (k in ALIASES and known.get(ALIASES[k]) == v)}
-
-
-def _mlflow_pytorch():
-    """``mlflow.pytorch``, imported without its side effects on this process's logging: its Lightning autolog
-    module imports ``pytorch_lightning``, which takes over the banner logger every later Trainer prints through
-    ("GPU available", "TPU available", a tip, per run), and calls ``logging.basicConfig``, which prints them."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    import mlflow.pytorch
-
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    for name in ("pytorch_lightning", "lightning.pytorch", "lightning.fabric", "mlflow.pytorch"):
-        logging.getLogger(name).setLevel(logging.ERROR if name == "mlflow.pytorch" else logging.WARNING)
-    return mlflow.pytorch
 
 
 class StageRun:
@@ -213,6 +207,7 @@ class StageRun:
         self.finals: dict[str, list] = {}  # per run: the final metrics logged, linked to its logged model
         self.models: dict[str, str] = {}  # per run: its logged model's id
         self.model_tags: dict[str, dict[str, str]] = {}  # per run: the tags its logged model copies (MODEL_TAGS)
+        self.scalars: dict[str, dict[str, float]] = {}  # per run: the rows of its table artifact SCALARS
 
     def open(self, name: str, tags: dict[str, str], params: dict[str, Any], run_id: str | None = None,
              start_time: float | None = None) -> str:
@@ -265,6 +260,9 @@ class StageRun:
         latest = {k: v for k, (_, v) in self.latest.get(run_id, {}).items()}
         finals = {metric_key(k): float(v) for k, v in (metrics or {}).items()
                   if isinstance(v, (int, float)) and v == v}  # NaN is not a metric
+        if table := {k: v for k, v in finals.items() if k.startswith(TABLE_PREFIXES)}:
+            self.table(run_id, table)
+            finals = {k: v for k, v in finals.items() if k not in table}
         entries = [Metric(k, v, now, 0) for k, v in unaliased(finals, latest).items()]
         entries += [Metric(k, v, now, step) for k, step, v in points]
         if (held := self.held.get(run_id)) is not None:  # a reopened run: each point once (a changed value is new)
@@ -282,6 +280,19 @@ class StageRun:
             self.client.log_batch(run_id, tags=tlist)
         if tags and str(tags.get("teacher.mlflow_run_id")) == run_id:
             self.register_teacher(run_id, {k.removeprefix("teacher."): str(v) for k, v in tags.items()})
+
+    def table(self, run_id: str, rows: dict[str, float]) -> None:
+        """Add ``rows`` (``{"slice/dx=1": 0.5, ...}``) to the run's table artifact :data:`SCALARS`, one row per key
+        (``section,name,value``: ``slice,dx=1,0.5``), sorted, written again whole (a resumed run's is replaced)."""
+        held = self.scalars.setdefault(run_id, {})
+        held.update(rows)
+        with tempfile.TemporaryDirectory(prefix="bias-table-") as tmp:
+            path = Path(tmp) / SCALARS
+            with path.open("w", newline="") as f:
+                out = csv.writer(f, lineterminator="\n")
+                out.writerow(["section", "name", "value"])
+                out.writerows([*key.split("/", 1), repr(value)] for key, value in sorted(held.items()))
+            self.client.log_artifact(run_id, str(path))
 
     def artifact(self, path: Path, run_id: str | None = None, folder: str | None = None) -> str:
         """Log a file or folder; returns its artifact URI (``runs:/<id>/<folder>/<name>``)."""
@@ -303,88 +314,25 @@ class StageRun:
                          tags=[InputTag("mlflow.data.context", d["context"])]) for d in inputs])
 
     def model(self, run_id: str, model: Any, example: Any) -> str:
-        """Log a trained torch ``model`` as the run's MLflow logged model :data:`MODEL_NAME` (the Models tab; the
-        MLmodel names its model and run ids; input example, its inferred signature, the torch and timm versions
-        it needs), with the run's headline metrics linked to it; returns ``models:/<model_id>``, which
-        ``mlflow.pytorch.load_model`` turns back into the module (as it does ``runs:/<run_id>/network``).
-
-        What ``mlflow.pytorch.log_model`` does, through this client: the fluent call would set the process's
-        tracking URI, re-log every metric of the run to link it, and load the saved model back to validate the
-        example. A reopened run that logged its model before is not logged again. Pickle format: a tenth of
-        pt2's export time per run on 2 cores, and the store is the user's own."""
-        from mlflow.entities import LoggedModelOutput, Metric
-        from mlflow.models import Model
-
-        if run_id in self.held and (known := self._logged_model(run_id)) is not None:
-            self.models[run_id] = known
-            return f"models:/{known}"
-        pytorch = _mlflow_pytorch()
-        import timm
-        import torch
-
-        needs = [f"torch=={torch.__version__.split('+')[0]}", f"timm=={timm.__version__}"]
-        logged = self.client.create_logged_model(self.experiment_id, MODEL_NAME, run_id,
-                                                 tags=self.model_tags.get(run_id))
-        try:
-            self.client.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=0)])
-            meta = Model(artifact_path=logged.artifact_location, model_uuid=logged.model_id, run_id=run_id,
-                         model_id=logged.model_id)
-            with tempfile.TemporaryDirectory(prefix="bias-model-") as tmp:
-                pytorch.save_model(model, f"{tmp}/{MODEL_NAME}", mlflow_model=meta, input_example=example,
-                                   pip_requirements=needs, serialization_format="pickle")
-                self.client.log_model_artifacts(logged.model_id, f"{tmp}/{MODEL_NAME}")
-            # the same points (key, step, value, timestamp) again, now naming the model: the store keeps each once
-            linked = [Metric(m.key, m.value, m.timestamp, m.step, model_id=logged.model_id, run_id=run_id)
-                      for m in self.finals.get(run_id, []) if m.key in HEADLINE_COLUMNS]
-            if linked:
-                self.client.log_batch(run_id, metrics=linked)
-        except BaseException:
-            _quietly(lambda: self.client.finalize_logged_model(logged.model_id, "FAILED"))
-            raise
-        self.client.finalize_logged_model(logged.model_id, "READY")
-        self.models[run_id] = logged.model_id
-        return f"models:/{logged.model_id}"
-
-    def _logged_model(self, run_id: str) -> str | None:
-        """The id of the READY logged model :data:`MODEL_NAME` of ``run_id``, if one was logged."""
-        from mlflow.entities import LoggedModelStatus
-
-        found = self.client.search_logged_models(
-            [self.experiment_id], filter_string=f"source_run_id = '{run_id}' AND name = '{MODEL_NAME}'")
-        ready = [m.model_id for m in found if m.status == LoggedModelStatus.READY]
-        return ready[0] if ready else None
+        """Log a trained torch ``model`` as the run's MLflow logged model (:func:`pipeline.mlflow_models.log_model`),
+        with the run's headline metrics linked to it; returns ``models:/<model_id>``, which
+        ``mlflow.pytorch.load_model`` turns back into the module (as it does ``runs:/<run_id>/network``). A reopened
+        run that logged its model before is not logged again."""
+        known = logged_model(self.client, self.experiment_id, run_id) if run_id in self.held else None
+        self.models[run_id] = known or log_model(
+            self.client, self.experiment_id, run_id, model, example, self.model_tags.get(run_id),
+            [m for m in self.finals.get(run_id, []) if m.key in HEADLINE_COLUMNS])
+        return f"models:/{self.models[run_id]}"
 
     def register_teacher(self, run_id: str, record: dict[str, str]) -> str | None:
-        """Register a teacher run's logged model as a version of ``<prefix>-teacher-<arch>`` (one registered
-        model per teacher type), tagged with its provenance ``record`` (pipeline.provenance.teacher_record: run,
-        seed, task, training set and data hashes, checkpoint hash, accuracies) and the run's identity, and point
-        the alias ``<task>`` at it. A run registered before keeps its version (a resumed record, a rerun).
-        Returns the version, or None where the run logged no model."""
-        from mlflow.exceptions import MlflowException
-
-        model_id = self.models.get(run_id) or self._logged_model(run_id)
+        """Register a teacher run's logged model as a version of ``<prefix>-teacher-<arch>``
+        (:func:`pipeline.mlflow_models.register_teacher`); returns the version, or None where the run logged no
+        model."""
+        model_id = self.models.get(run_id) or logged_model(self.client, self.experiment_id, run_id)
         if model_id is None:
             return None
-        name = f"{self.prefix}-teacher-{record['arch']}"
-        run_tags = self.client.get_run(run_id).data.tags
-        tags = {**{k: run_tags[k] for k in ("data_seed", "identity", "git_commit", "params_sha256", "code_sha256")
-                   if k in run_tags}, **record}
-        found = self.client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
-        if found:
-            version = found[0].version
-        else:
-            try:
-                self.client.create_registered_model(name, tags={"teacher.arch": record["arch"]}, description=(
-                    f"Distillation teachers of type {record['arch']}: one version per trained teacher (task, "
-                    "seed, training set in its tags); the alias names its task."))
-            except MlflowException as err:
-                if err.error_code != "RESOURCE_ALREADY_EXISTS":
-                    raise
-            version = self.client.create_model_version(
-                name, f"models:/{model_id}", run_id=run_id, tags=tags, model_id=model_id, await_creation_for=0,
-                description=run_description(run_tags) or None).version
-        self.client.set_registered_model_alias(name, alias(record.get("task", "")), str(version))
-        return str(version)
+        description = run_description(self.client.get_run(run_id).data.tags)
+        return register_teacher(self.client, model_id, self.prefix, run_id, record, description)
 
     def finish(self, run_id: str) -> None:
         self.end(run_id, "FINISHED")
@@ -431,22 +379,13 @@ def stage_run(params: Params, stage: str, name: str, tags: dict[str, str] | None
     try:
         yield run
     except BaseException as err:
-        _quietly(monitor.finish)
+        quietly(monitor.finish)
         # Ctrl-C: KILLED, like the runs an interrupted stage leaves (they resume); anything else FAILED.
         run.end_all("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
         raise
     with store_faults(uri):
         monitor.finish()
     client.set_terminated(run.run_id, "FINISHED")
-
-
-def _quietly(fn) -> None:
-    """Call ``fn``, ignoring a store fault: used while a stage is already failing with its own error."""
-    try:
-        with store_faults(""):
-            fn()
-    except StageError:
-        pass
 
 
 def _alive(pid: str) -> bool:

@@ -32,8 +32,8 @@ LAYERS = (
     ("which runs", ("grid", "tune")),
     ("one run's code", ("split", "predict", "models", "budget", "resolution", "subgroups", "provenance", "learner",
                         "evaluation")),
-    ("around the runs", ("run_inputs", "pruning", "trained", "executor", "mlflow_store", "tracking", "live_runs",
-                         "experiment")),
+    ("around the runs", ("run_inputs", "pruning", "trained", "executor", "mlflow_store", "mlflow_models", "tracking",
+                         "live_runs", "experiment")),
     ("beside the runs", ("shortcut_bags", "shortcuts", "interface/", "finetune")),
     ("the report", tuple(f"report/{m}" for m in (
         "sources", "sequential", "stats", "aggregate", "cells", "learnability", "contrasts", "gate", "measure",

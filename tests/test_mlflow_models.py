@@ -6,6 +6,7 @@ nothing printed. The same through the real train and teacher stages: ``test_a_tr
 from __future__ import annotations
 
 import sys
+import tempfile
 from collections import Counter
 
 import pytest
@@ -14,7 +15,7 @@ from conftest import mlflow_store
 from test_tracking import edited, stage
 from test_tracking_faults import params_for
 
-from pipeline import tracking
+from pipeline import mlflow_models, tracking
 from pipeline.stages import teacher, train
 
 
@@ -22,6 +23,17 @@ def points(client, run_id: str) -> Counter:
     """How often each (metric, step) is in the store for ``run_id`` (read back, not from what was sent)."""
     return Counter((key, m.step) for key in client.get_run(run_id).data.metrics
                    for m in client.get_metric_history(run_id, key))
+
+
+def scalars(client, run_id: str) -> dict[tuple[str, str], float]:
+    """The run's table artifact read back: ``{(section, name): value}``."""
+    import pandas as pd
+
+    with tempfile.TemporaryDirectory() as tmp:
+        table = pd.read_csv(client.download_artifacts(run_id, tracking.SCALARS, tmp),
+                            float_precision="round_trip")
+    assert list(table.columns) == ["section", "name", "value"]
+    return {(r.section, r.name): r.value for r in table.itertuples()}
 
 
 def assert_each_metric_once(client, run_id: str) -> None:
@@ -87,7 +99,11 @@ def test_a_run_logs_a_loadable_model_and_a_teacher_registers_once(tmp_path, monk
     assert {m.key: m.value for m in model.metrics} == {"test_acc": 0.6, "params": 39.0, "acc/id": 0.7}
     assert model.tags["arch"] == "resnet" and model.tags["task"] == "alignment"
     assert_each_metric_once(client, run_id)
-    assert set(run.data.metrics) == {"test_acc", "params", "acc/id", "slice/dx_0", "train/loss", "val/acc"}
+    # the headline numbers and the curves are metrics; the per-slice and budget numbers one table, all of them
+    assert set(run.data.metrics) == {"test_acc", "params", "acc/id", "train/loss", "val/acc"}
+    table = scalars(client, run_id)
+    assert table == {("slice", "id"): 0.7, ("slice", "dx_0"): 0.5, ("budget", "params"): 39.0}
+    assert [a.path for a in client.list_artifacts(run_id) if a.path.endswith(".csv")] == [tracking.SCALARS]
 
     name = f"{params.tracking.experiment_prefix}-teacher-resnet"
     (version,) = client.search_model_versions(f"name = '{name}'")
@@ -120,7 +136,7 @@ def test_loading_the_model_module_leaves_logging_quiet():
     root.handlers[:] = []
     banners.setLevel(logging.INFO)
     try:
-        tracking._mlflow_pytorch()
+        mlflow_models.mlflow_pytorch()
         assert root.handlers == []
         assert not logging.getLogger("pytorch_lightning.utilities.rank_zero").isEnabledFor(logging.INFO)
     finally:
@@ -162,5 +178,7 @@ def test_a_trained_study_logs_each_metric_once(copy_workspace, monkeypatch, capf
         assert_each_metric_once(client, run.info.run_id)
     for run in nested:
         assert len(run.outputs.model_outputs) == 1, run.info.run_name
+        assert not [k for k in run.data.metrics if k.startswith(tracking.TABLE_PREFIXES)], run.info.run_name
+        assert ("slice", "id") in scalars(client, run.info.run_id), run.info.run_name
     versions = client.search_model_versions("name = 'bias-teacher-resnet'")
     assert {v.run_id for v in versions} == {r.info.run_id for r in nested if r.info.run_name.startswith("teacher/")}
