@@ -122,6 +122,15 @@ class Browser:
                 return True
         return False
 
+    def wait(self, ready: str, wait: float = 10.0) -> bool:
+        """Poll the JS expression ``ready`` on the page as it is until it is truthy; False on timeout."""
+        deadline = time.monotonic() + wait
+        while not self.evaluate(f"Boolean({ready})"):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.5)
+        return True
+
     def screenshot(self, path: Path, full_page: bool = False) -> Path:
         params: dict[str, Any] = {"format": "png"}
         if full_page:

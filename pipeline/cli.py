@@ -11,7 +11,7 @@
   no DVC output). The cell's tuned learning rate is used when the tune stage has run.
 - ``bias profile [NAME [DVC ARGS]]``: ``params.yaml`` with ``profiles/NAME.yaml`` laid over it, its whole study
   in ``.profiles/NAME/``, its report in ``reports/NAME/``; with no name, every profile and what it is.
-- ``bias ui [--port 5000]``: the MLflow UI on this repository's store.
+- ``bias ui [--port 5000]``: the MLflow UI on this repository's store, after each experiment's link on its address.
 
 Errors in the arguments or missing inputs are one line and exit 2, as in the stages.
 """
@@ -34,7 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench import tiny
-from pipeline import pair, profiles
+from pipeline import pair, profiles, tracking
 from pipeline.config import load_params, parse_params
 from pipeline.errors import ConfigError, StageError
 from pipeline.grid import Folders, at_main_budget, train_specs
@@ -248,7 +248,13 @@ def pair_cmd(args: argparse.Namespace) -> int:
 
 
 def ui(args: argparse.Namespace) -> int:
-    store = f"sqlite:///{repo_root() / 'mlflow.db'}"
+    """The MLflow UI, after the link to each experiment's runs table on the address it serves."""
+    path = repo_root() / "mlflow.db"
+    store, base = f"sqlite:///{path}", f"http://127.0.0.1:{args.port}"
+    print(f"MLflow UI at {base} ({path})", flush=True)
+    if path.is_file():
+        for name, link in tracking.experiment_links(store, base):
+            print(f"  {name}: {link}", flush=True)
     return subprocess.run([_bin("mlflow"), "ui", "--host", "127.0.0.1", "--port", str(args.port),
                            "--backend-store-uri", store]).returncode
 

@@ -80,16 +80,36 @@ TABLE_PREFIXES = ("slice/", "budget/", "measured/", "student_train/", "transfer/
 SCALARS = "scalars.csv"
 
 
+def _section(item: tuple[str, float]) -> tuple[int, str]:
+    """Table order: by section in :data:`TABLE_PREFIXES` order (the slices first), then by name."""
+    return next(i for i, p in enumerate(TABLE_PREFIXES) if item[0].startswith(p)), item[0]
+
+
 def runs_url(base: str, experiment_id: str) -> str:
     """The link that opens an experiment on its runs table with the headline columns, in any browser."""
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?{WORKFLOW_QUERY}&viewStateShareKey=headline"
 
 
 def _description(experiment_id: str) -> dict[str, str]:
-    """The experiment's description (MLflow shows it above the runs): how to get back to this view."""
-    link = runs_url("http://127.0.0.1:5000", experiment_id)
-    return {"mlflow.note.content": f"Runs table with the headline columns: {link} (`make mlflow-ui`). Without "
-            f"`{WORKFLOW_QUERY}` MLflow 3 opens the GenAI overview until **Model training** is picked once."}
+    """The experiment's description (MLflow shows it above the runs): how to get back to this view. The link is
+    relative to the page, so it works on whichever address and port the UI is served (``bias ui --port N``)."""
+    link = runs_url("", experiment_id).lstrip("/")
+    return {"mlflow.note.content": f"[Runs table with the headline columns]({link}) (`bias ui` prints it with its "
+            f"address). Without `{WORKFLOW_QUERY}` MLflow 3 opens the GenAI overview until **Model training** is "
+            "picked once."}
+
+
+def experiment_links(uri: str, base: str) -> list[tuple[str, str]]:
+    """``(name, link)`` of each experiment in the store at ``uri`` (not MLflow's empty Default), the link opening
+    its runs table with the headline columns on the UI served at ``base``. The pipeline's experiments (those with
+    the headline view) get this code's tags and description first: a store an older version wrote links to a
+    fixed port in its descriptions."""
+    with store_faults(uri):
+        found = sorted(_client(uri).search_experiments(), key=lambda e: e.name)
+        for e in found:
+            if next(iter(_headline_view())) in e.tags:
+                ensure_experiment(e.name, uri)
+    return [(e.name, runs_url(base, e.experiment_id)) for e in found if e.name != "Default"]
 
 
 def run_label(name: str) -> str:
@@ -258,11 +278,10 @@ class StageRun:
                   if k != "step" and v is not None]
         self._remember(run_id, points)
         latest = {k: v for k, (_, v) in self.latest.get(run_id, {}).items()}
-        finals = {metric_key(k): float(v) for k, v in (metrics or {}).items()
-                  if isinstance(v, (int, float)) and v == v}  # NaN is not a metric
-        if table := {k: v for k, v in finals.items() if k.startswith(TABLE_PREFIXES)}:
+        numbers = {k: float(v) for k, v in (metrics or {}).items() if isinstance(v, (int, float)) and v == v}
+        if table := {k: v for k, v in numbers.items() if k.startswith(TABLE_PREFIXES)}:  # their own names
             self.table(run_id, table)
-            finals = {k: v for k, v in finals.items() if k not in table}
+        finals = {metric_key(k): v for k, v in numbers.items() if k not in table}  # NaN is not a metric
         entries = [Metric(k, v, now, 0) for k, v in unaliased(finals, latest).items()]
         entries += [Metric(k, v, now, step) for k, step, v in points]
         if (held := self.held.get(run_id)) is not None:  # a reopened run: each point once (a changed value is new)
@@ -283,7 +302,8 @@ class StageRun:
 
     def table(self, run_id: str, rows: dict[str, float]) -> None:
         """Add ``rows`` (``{"slice/dx=1": 0.5, ...}``) to the run's table artifact :data:`SCALARS`, one row per key
-        (``section,name,value``: ``slice,dx=1,0.5``), sorted, written again whole (a resumed run's is replaced)."""
+        (``section,name,value``: ``slice,dx=1,0.5``), the slices first, written again whole (a resumed run's is
+        replaced)."""
         held = self.scalars.setdefault(run_id, {})
         held.update(rows)
         with tempfile.TemporaryDirectory(prefix="bias-table-") as tmp:
@@ -291,7 +311,7 @@ class StageRun:
             with path.open("w", newline="") as f:
                 out = csv.writer(f, lineterminator="\n")
                 out.writerow(["section", "name", "value"])
-                out.writerows([*key.split("/", 1), repr(value)] for key, value in sorted(held.items()))
+                out.writerows([*key.split("/", 1), repr(value)] for key, value in sorted(held.items(), key=_section))
             self.client.log_artifact(run_id, str(path))
 
     def artifact(self, path: Path, run_id: str | None = None, folder: str | None = None) -> str:

@@ -70,7 +70,7 @@ def test_a_run_logs_a_loadable_model_and_a_teacher_registers_once(tmp_path, monk
     example = torch.randn(2, 3, 2, 2).numpy()
     series = [{"step": 10, "train/loss": 1.2, "val/acc": 0.4}, {"step": 20, "train/loss": 0.9, "val/acc": 0.5}]
     finals = {"test_acc": 0.6, "val_acc": 0.5, "params": 39.0, "budget/params": 39.0, "acc/id": 0.7,
-              "slice/id": 0.7, "slice/dx_0": 0.5}
+              "slice/id": 0.7, "slice/dx=0": 0.5}
     opened = {"arch": "resnet", "task": "alignment", "seed": "0", "data_seed": "0", "train_size": "128"}
     params = params_for(uri)
     capfd.readouterr()
@@ -102,7 +102,7 @@ def test_a_run_logs_a_loadable_model_and_a_teacher_registers_once(tmp_path, monk
     # the headline numbers and the curves are metrics; the per-slice and budget numbers one table, all of them
     assert set(run.data.metrics) == {"test_acc", "params", "acc/id", "train/loss", "val/acc"}
     table = scalars(client, run_id)
-    assert table == {("slice", "id"): 0.7, ("slice", "dx_0"): 0.5, ("budget", "params"): 39.0}
+    assert table == {("slice", "id"): 0.7, ("slice", "dx=0"): 0.5, ("budget", "params"): 39.0}  # slices' names
     assert [a.path for a in client.list_artifacts(run_id) if a.path.endswith(".csv")] == [tracking.SCALARS]
 
     name = f"{params.tracking.experiment_prefix}-teacher-resnet"
@@ -121,6 +121,26 @@ def test_a_run_logs_a_loadable_model_and_a_teacher_registers_once(tmp_path, monk
             loaded = mlflow.pytorch.load_model(where)
             assert not loaded.training, where
             torch.testing.assert_close(loaded(x), net(x), msg=where)
+
+
+def test_experiment_links_follow_the_server_they_are_served_on(tmp_path):
+    """The experiment's description links to its runs view relative to the page (any address, any port); the
+    links ``bias ui`` prints carry the address it serves."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    exp_id = tracking.ensure_experiment("bias-train", uri)
+    client = MlflowClient(uri)
+    note = client.get_experiment(exp_id).tags["mlflow.note.content"]
+    assert f"](#/experiments/{exp_id}/runs?{tracking.WORKFLOW_QUERY}&viewStateShareKey=headline)" in note
+    assert "http" not in note and "5000" not in note
+    assert tracking.experiment_links(uri, "http://127.0.0.1:5123") == [
+        ("bias-train", f"http://127.0.0.1:5123/#/experiments/{exp_id}/runs?{tracking.WORKFLOW_QUERY}"
+                       "&viewStateShareKey=headline")]
+    # a store an older version wrote (a link to port 5000) gets this description when its links are listed
+    client.set_experiment_tag(exp_id, "mlflow.note.content", "http://127.0.0.1:5000/#/experiments/1/runs")
+    tracking.experiment_links(uri, "http://127.0.0.1:5123")
+    assert client.get_experiment(exp_id).tags["mlflow.note.content"] == note
 
 
 def test_loading_the_model_module_leaves_logging_quiet():
