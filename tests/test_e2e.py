@@ -8,8 +8,8 @@ import json
 
 import pytest
 import tiny_repo
-from test_mlflow_models import scalars
 import yaml
+from test_mlflow_models import scalars
 
 pytestmark = pytest.mark.slow
 
