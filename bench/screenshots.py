@@ -368,7 +368,8 @@ def check_dvc_plots(b: Browser, url: str, out: Path, wait: float = 60.0, repo: P
     blank = [i for i in blank if i not in unrun]
     specs = {i: json.loads(spec) for spec, i in re.findall(r"var spec = (\{.*?\});\s*vegaEmbed\('#([^']+)'", html, re.S)
              if i not in empty}
-    failures += series_failures(b.evaluate(f"({SERIES})({js(specs)})")) if specs else []
+    if specs and b.evaluate("typeof vegaEmbed === 'function'"):  # else nothing drew (failed above)
+        failures += series_failures(b.evaluate(f"({SERIES})({js(specs)})"))
     failures += [f"dvc plots: vega plot #{i} drew nothing" + (
         " (DVC gave it an empty spec: a y column listed under dvc.yaml `plots:` is missing from its CSV)"
         if i in empty else "") for i in blank]
