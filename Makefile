@@ -50,9 +50,10 @@ lint: $(STAMP)  ## ruff
 bench: $(STAMP)  ## benchmarks: what the pipeline costs on this machine (reports/performance.md)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench
 
-# The MLflow UI on http://127.0.0.1:5000 (localhost only).
-mlflow-ui: $(STAMP)  ## the MLflow UI on http://127.0.0.1:5000
-	$(BIN)/mlflow ui --host 127.0.0.1 --port 5000 --backend-store-uri sqlite:///$(CURDIR)/mlflow.db
+# The MLflow UI on http://127.0.0.1:$(PORT) (localhost only), after each experiment's link on that address.
+PORT ?= 5000
+mlflow-ui: $(STAMP)  ## the MLflow UI on http://127.0.0.1:$(PORT) (make mlflow-ui PORT=5123), links printed first
+	$(BIN)/bias ui --port $(PORT)
 
 profile: $(STAMP)  ## NAME=quick|large|...: params.yaml + profiles/NAME.yaml beside the default, report in reports/NAME/ (no NAME: the list)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/bias profile $(NAME)

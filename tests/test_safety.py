@@ -64,7 +64,9 @@ def test_mlflow_ui_binds_localhost():
     recipe = re.search(r"^mlflow-ui:.*\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.M)
     assert recipe, "Makefile has no mlflow-ui target"
     cmd = recipe.group(1)
-    assert "mlflow ui" in cmd and "--host 127.0.0.1" in cmd and "0.0.0.0" not in cmd
+    assert "bias ui" in cmd and "0.0.0.0" not in cmd  # bias ui (pipeline/cli.py) starts the server:
+    ui = re.search(r"^def ui\(.*?(?=^def )", (ROOT / "pipeline/cli.py").read_text(), re.M | re.S).group(0)
+    assert '"mlflow"), "ui", "--host", "127.0.0.1"' in ui and "0.0.0.0" not in ui
 
 
 # Fallback when user namespaces are unavailable: refuse every connection that is not to this machine.
