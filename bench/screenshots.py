@@ -206,7 +206,8 @@ def check_runs_table(b: Browser, url: str, ids: dict, out: Path) -> list[str]:
         failures += [f"experiment page: a link to another server: {h}" for h in foreign_links(b, url)]
         if not described or not described[0].startswith(f"{url}/"):
             failures.append(f"experiment page: no link to the headline view on {url} (links: {described})")
-        page = described[0] if described else f"{page}?{SHARED_LINK}"
+        here = [h for h in described if h.startswith(f"{url}/")]
+        page = here[0] if here else f"{page}?{SHARED_LINK}"  # another server's link: checked no further
         b.evaluate(f"localStorage.removeItem({js(WORKFLOW_KEY)})")
         metrics = ids["shared_view"]
     else:  # no stored view: pick the columns as the column selector does (kept in the browser)
@@ -221,7 +222,8 @@ def check_runs_table(b: Browser, url: str, ids: dict, out: Path) -> list[str]:
     if not metrics or missing:
         failures.append(f"runs table: metric columns missing {missing or HEADLINE} (headers: {shown})")
     b.screenshot(out / "mlflow_runs.png")
-    b.evaluate(f"localStorage.setItem({js(WORKFLOW_KEY)}, {js(js('machine_learning'))})")  # as the link leaves it
+    b.open(f"{url}/#/", "document.readyState === 'complete'", settle=0)  # this server's storage, as the link left it
+    b.evaluate(f"localStorage.setItem({js(WORKFLOW_KEY)}, {js(js('machine_learning'))})")
     return failures
 
 
