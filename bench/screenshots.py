@@ -100,8 +100,9 @@ def dvc_plots(repo: Path, template: Path | None = None) -> Iterator[str]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "dvc_plots"
         extra = ["--html-template", str(template.resolve())] if template else []
-        subprocess.run([shutil.which("dvc") or "dvc", "plots", "show", "-o", str(out), *extra], cwd=repo,
-                       check=True, capture_output=True, text=True)
+        dvc = shutil.which("dvc") or str(Path(sys.executable).with_name("dvc"))  # the venv's, PATH or not
+        subprocess.run([dvc, "plots", "show", "-o", str(out), *extra], cwd=repo, check=True, capture_output=True,
+                       text=True)
         with serve_folder(out) as root:
             yield f"{root}/index.html"
 
