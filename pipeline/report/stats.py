@@ -189,8 +189,11 @@ def seeds_for_power(effect: float, sd: float, alpha: float, power: float = 0.8, 
         return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        n = solver.solve_power(effect_size=es, alpha=alpha, power=power, alternative="larger")
-    return max(2, math.ceil(float(np.atleast_1d(n)[0])))
+        n = float(np.atleast_1d(solver.solve_power(effect_size=es, alpha=alpha, power=power,
+                                                     alternative="larger"))[0])
+    if not math.isfinite(n):  # the root finder fails to bracket where very few seeds suffice: count up instead
+        return next(k for k in range(2, cap + 1) if solver.power(es, k, alpha, alternative="larger") >= power)
+    return max(2, math.ceil(n))
 
 
 def detectable_effect(sd: float, seeds: int, alpha: float, power: float = 0.8) -> float:
