@@ -102,6 +102,7 @@ def test_seeds_for_power_is_the_smallest_that_reaches_it():
     # an effect 1000 sds wide: statsmodels' root finder returns NaN there (the study's report stage crashed on it);
     # two seeds already give the power
     assert stats.seeds_for_power(10.0, 0.01, 0.001) == 2
+    assert stats.seeds_for_power(0.05, 1e-14, 0.001) == 2  # an sd zero but for rounding: as sd == 0
     assert stats.seeds_for_power(1e-4, 0.05, 1e-3) is None  # beyond the cap
     assert stats.seeds_for_tost(0.0, 0.014, 0.01, 0.05) == stats.seeds_for_power(0.014, 0.01, 0.05, 0.9)
 

@@ -185,14 +185,17 @@ def seeds_for_power(effect: float, sd: float, alpha: float, power: float = 0.8, 
         return 2  # no spread: two seeds estimate it (the fewest a t test takes)
     es = effect / sd
     solver = TTestPower()
-    if solver.power(es, cap, alpha, alternative="larger") < power:
+    at_cap = solver.power(es, cap, alpha, alternative="larger")
+    if at_cap != at_cap:  # an sd that is zero but for rounding: the noncentral t overflows; as sd == 0
+        return 2
+    if at_cap < power:
         return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         n = float(np.atleast_1d(solver.solve_power(effect_size=es, alpha=alpha, power=power,
                                                      alternative="larger"))[0])
     if not math.isfinite(n):  # the root finder fails to bracket where very few seeds suffice: count up instead
-        return next(k for k in range(2, cap + 1) if solver.power(es, k, alpha, alternative="larger") >= power)
+        return next((k for k in range(2, cap + 1) if solver.power(es, k, alpha, alternative="larger") >= power), cap)
     return max(2, math.ceil(n))
 
 
