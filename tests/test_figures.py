@@ -93,7 +93,10 @@ def test_every_arch_has_its_own_colour_and_the_dvc_template_uses_them():
     same = [(a, b) for i, a in enumerate(names) for b in names[i + 1:] if fig.style(a) == fig.style(b)]
     assert not same
     template = json.loads((ROOT / ".dvc/plots/arch_lines.json").read_text())
-    assert template["encoding"]["color"]["scale"] == fig.vega_colour_scale()
+    scale = fig.vega_colour_scale()  # each arch's colour carried as data, so a legend lists only archs with points
+    assert template["encoding"]["color"]["scale"] == {"range": {"field": "colour_"}}
+    assert template["encoding"]["color"]["sort"] == scale["domain"]
+    assert json.dumps(dict(zip(scale["domain"], scale["range"], strict=True))) in template["transform"][-1]["calculate"]
     assert template["encoding"]["y"]["scale"] == {"domain": [0, 1]}
 
 

@@ -137,6 +137,11 @@ def test_uninformative_or_inconclusive_lead_is_undecided():
     assert st["label"] == f"undecided (lead uninformative: {why})" and st["supports"] == ["alignment.overlap.alignment"]
     st = _status([_row("alignment.stride.alignment", "inconclusive", needs_seeds=9)])
     assert st["label"] == "undecided (inconclusive: needs 9 seeds)"
+    # with the row's detectable effect and SESOI: what it could see, and what its effect of interest asks for
+    st = _status([_row("alignment.stride.alignment", "inconclusive", needs_seeds=">200", seeds=3, detectable=0.21,
+                       sesoi=0.06)])
+    assert st["label"] == "undecided (inconclusive: could detect 0.21 at 3 seeds; >200 seeds for its effect of " \
+                          "interest 0.06)"
     text = markdown.findings(pd.DataFrame([_row("alignment.stride.alignment", "uninformative", reason=why)]))[0]
     assert text.startswith(f"**alignment: undecided (lead uninformative: {why}).**") and "not stated" in text
 

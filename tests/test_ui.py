@@ -57,8 +57,6 @@ def test_dvc_plots_draw_offline(tmp_path):
 
 
 @chromium
-@pytest.mark.xfail(strict=True, reason="the template (pipeline/report/dvc_plots.py, frozen during the study) fixes "
-                   "the colour scale's domain to every architecture, so each legend lists them all")
 def test_dvc_plot_legends_list_only_series_with_data(tmp_path):
     _, legends = dvc_page_failures(tmp_path)
     assert not legends, "\n".join(legends)

@@ -225,7 +225,7 @@ def finding_status(name: str, group: pd.DataFrame, lead: pd.Series,
         reason = lead.get("reason", "")
         label = f"undecided (lead uninformative{': ' + reason if isinstance(reason, str) and reason else ''})"
     elif lead.verdict == "inconclusive":
-        label = f"undecided (inconclusive: needs {lead.needs_seeds} seeds)"
+        label = f"undecided ({inconclusive_text(lead).replace('inconclusive (', 'inconclusive: ', 1)[:-1]})"
     elif lead.verdict in ("failed", "not equivalent") or out["contradicts"]:
         label = "contradicted"
     elif lead.verdict == "equivalent":
@@ -306,10 +306,13 @@ def readme(*, commit: str, date: str, level: float, scale: str, sentences: list[
 # The tools a reader opens; the screenshots are taken and checked by `python -m bench.screenshots`.
 BROWSE = [
     "## Browse the runs", "",
-    "`make mlflow-ui`, then open an experiment's runs with the headline columns (test accuracy, in- and "
-    "out-of-distribution slices, budget): `http://127.0.0.1:5000/#/experiments/<id>/runs?viewStateShareKey=headline`. "
-    "Every run of a stage invocation is nested under one parent run; a student's run carries its teacher's run id, "
-    "artifact and sha256. `dvc plots show` draws every plot offline.", "",
+    "`make mlflow-ui` (`make mlflow-ui PORT=5123` for another port) prints each experiment's link on the address it "
+    "serves, then serves the UI; the link opens the experiment's runs with the headline columns (test accuracy, in- "
+    "and out-of-distribution slices, budget): "
+    "`http://127.0.0.1:<port>/#/experiments/<id>/runs?workflowType=machine_learning&viewStateShareKey=headline`. "
+    "Every run of a stage invocation is nested under one parent run; a run's network is a logged model (the Models "
+    "tab), its accuracy per slice, budget and timings one table (`scalars.csv`); a student's run carries its "
+    "teacher's run id, artifact and sha256. `dvc plots show` draws every plot offline.", "",
     "![MLflow runs table](screens/mlflow_runs.png)", "", "![A distilled student's run](screens/mlflow_student.png)",
     "", "![DVC plots](screens/dvc_plots.png)", "",
     "Taken and checked (DOM assertions) by `python -m bench.screenshots --store mlflow.db --out reports/screens`.", "",
