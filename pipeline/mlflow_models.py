@@ -120,8 +120,11 @@ def register_teacher(client, model_id: str, prefix: str, run_id: str, record: di
         except MlflowException as err:
             if err.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
+        # the logged model's own artifact location as the source: a models:/ URI would be resolved against the
+        # process's global tracking URI, which need not be this client's store (another store: "not found")
+        source = client.get_logged_model(model_id).artifact_location
         version = client.create_model_version(
-            name, f"models:/{model_id}", run_id=run_id, tags=tags, model_id=model_id, await_creation_for=0,
+            name, source, run_id=run_id, tags=tags, model_id=model_id, await_creation_for=0,
             description=description or None).version
     client.set_registered_model_alias(name, alias(record.get("task", "")), str(version))
     return str(version)

@@ -108,7 +108,7 @@ def test_a_run_logs_a_loadable_model_and_a_teacher_registers_once(tmp_path, monk
     name = f"{params.tracking.experiment_prefix}-teacher-resnet"
     (version,) = client.search_model_versions(f"name = '{name}'")
     assert (version.run_id, version.source, version.tags["checkpoint_sha256"]) == (
-        run_id, f"models:/{model.model_id}", "cd")
+        run_id, model.artifact_location, "cd")  # its own artifacts, not a URI resolved elsewhere
     assert version.tags["test_acc"] == "0.6" and version.tags["data_seed"] == "0"
     assert client.get_model_version_by_alias(name, "alignment").version == version.version
 
