@@ -27,15 +27,18 @@ from filelock import FileLock, Timeout
 
 @contextmanager
 def mlflow_store(folder: Path):
-    """Point MLflow (pipeline.tracking reads the variable at call time) at ``folder/mlflow.db``."""
+    """Point MLflow at ``folder/mlflow.db``: the variable (pipeline.tracking reads it at call time) and MLflow's own
+    global URI, which Lightning's MLFlowLogger sets in this process and which MLflow prefers to the variable (a
+    ``models:/`` lookup after a training test in the same worker went to that test's store)."""
+    import mlflow
+
     old = os.environ.get("MLFLOW_TRACKING_URI")
-    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{folder / 'mlflow.db'}"
+    mlflow.set_tracking_uri(f"sqlite:///{folder / 'mlflow.db'}")  # sets the variable as well
     try:
         yield
     finally:
-        if old is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        else:
+        mlflow.set_tracking_uri(None)  # no global left behind; it also unsets the variable
+        if old is not None:
             os.environ["MLFLOW_TRACKING_URI"] = old
 
 
