@@ -46,7 +46,7 @@ TINY: dict[str, Any] = {
                     "eval_batch_size": 256},
     },
     "distill": {"teachers": {"resnet": "resnet"}, "students": {"deit": "resnet"}, "tasks": ["alignment"],
-                "teacher_size": 256},
+                "teacher_size": 256, "teacher_seeds": [0], "teacher_train": None},
     "tune": {"lrs": [2e-3]},  # no trials (tests/test_tune.py runs them)
 }
 

@@ -20,6 +20,7 @@ import pickle
 import resource
 import shutil
 import time
+import zlib
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -52,7 +53,8 @@ from pipeline.provenance import (
 from pipeline.pruning import remove_run_dir
 from pipeline.run_inputs import check_inputs
 from pipeline.schemas import CHECKPOINT_CONFIG, RUN_METRICS
-from pipeline.split import load_split, relabel, subset, training_indices, transfer_set
+from pipeline.split import load_split, read_factors, shaped_relabel, subset, training_indices, transfer_set
+from pipeline.tasks import TASKS
 
 
 @dataclass(frozen=True)
@@ -175,8 +177,9 @@ def distillation_targets(spec: RunSpec, split, params: Params, teacher, train_id
     """A student's training rows, their labels, the distillation head's targets, and the transfer set's record.
 
     Rows: its own images (true label and the teacher's logits), then, with ``transfer: true``, the task's transfer
-    set (label -1: never seen; the teacher's logits, or with ``targets: relabel`` the true labels with the
-    teacher's own disagreement rate of them moved at random, as one-hot targets). The teacher runs once, here."""
+    set (label -1: never seen) with the teacher's logits, or one-hot targets: ``relabel`` the teacher's own
+    predictions permuted within each (factor value, true class) cell (its confusion matrix per factor value, kept
+    exactly; which image carries an error, random), ``truth`` the true labels. The teacher runs once, here."""
     entry, bs = params.distill.students[spec.key.arch], params.train.runtime.eval_batch_size
     rows, labels = train_idx, split.labels[train_idx]
     if entry.transfer:
@@ -190,10 +193,14 @@ def distillation_targets(spec: RunSpec, split, params: Params, teacher, train_id
     rate = float((said != truth).mean())
     record = {"transfer_sha256": index_sha256(transfer), "transfer_n": int(len(transfer)),
               "teacher_transfer_acc": 1.0 - rate, "teacher_transfer_disagreement": rate, "targets": entry.targets}
-    if entry.targets == "relabel":
-        noisy = relabel(truth, rate, split.num_classes, params.seed, spec.key.task)
-        logits[len(train_idx):] = np.eye(split.num_classes, dtype=logits.dtype)[noisy]
-        record["relabel_disagreement"] = float((noisy != truth).mean())
+    if entry.targets != "teacher":
+        factor = TASKS[spec.key.task].slice_factors[0]
+        cells = read_factors(spec.data_dir, factor)[transfer]
+        stream = (params.seed, zlib.crc32(f"relabel/{spec.key.task}".encode()),
+                  params.distill.teacher_of(spec.key.seed))
+        hard = truth if entry.targets == "truth" else shaped_relabel(said, truth, cells, stream)
+        logits[len(train_idx):] = np.eye(split.num_classes, dtype=logits.dtype)[hard]
+        record.update({"target_disagreement": float((hard != truth).mean()), "relabel_within": f"{factor} x class"})
     return rows, labels, logits, record
 
 
@@ -321,7 +328,8 @@ def compose(job: Job, result: dict, run_id: str) -> dict:
     }
     if spec.kind == "teacher":
         p = job.params
-        metrics["teacher_set"] = f"train_{p.distill.teacher_size} minus train_{p.train.size}"
+        metrics["teacher_set"] = f"train_{p.distill.teacher_size} minus train_{p.train.size}" + (
+            f", a draw of {p.distill.teacher_train} by its seed" if p.distill.teacher_train else "")
     return metrics
 
 

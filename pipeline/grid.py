@@ -8,6 +8,7 @@ arch of a distilled student (or None).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -55,7 +56,7 @@ class RunSpec:
     def name(self) -> str:
         """The run's unique, readable name: ``train/vit/alignment/n4000-t1000-s0-d0`` (a trial's ends ``-lr<lr>``)."""
         if self.kind == "teacher":
-            return f"teacher/{self.key.arch}/{self.key.task}"
+            return f"teacher/{self.key.arch}/{teacher_folder(self.key)}"
         trial = f"-lr{self.lr:g}" if self.kind == "tune" else ""
         return f"{self.kind}/{self.key.arch}/{self.key.folder}{trial}"
 
@@ -103,11 +104,17 @@ def student_keys(params: Params, student: str) -> list[RunKey]:
 
 
 def teacher_keys(params: Params, arch: str) -> list[RunKey]:
-    """A teacher's runs, one per task one of its students trains on, on ``distill.teacher_size`` minus the
-    students' ``train.size`` images."""
+    """A teacher type's runs: one per teacher seed and task one of its students trains on, each on its own draw of
+    ``distill.teacher_train`` images from ``distill.teacher_size`` minus the students' ``train.size``."""
     d, r = params.distill, params.train.recipe
-    return [RunKey(task, arch, d.teacher_seed, d.teacher_size - params.train.size, r.steps, r.budget_mode)
-            for task in d.teacher_tasks(arch)]
+    n = d.teacher_train or d.teacher_size - params.train.size
+    return [RunKey(task, arch, seed, n, r.steps, r.budget_mode) for task in d.teacher_tasks(arch)
+            for seed in d.teacher_seeds]
+
+
+def teacher_folder(key: RunKey) -> str:
+    """Where one teacher lives under ``data/teachers/<arch>``: ``s<seed>/<task>``."""
+    return f"s{key.seed}/{key.task}"
 
 
 @dataclass(frozen=True)
@@ -122,13 +129,22 @@ class Folders:
 
 
 def specs_for(kind: str, keys: list[RunKey], at: Folders, model: str | None = None,
-           teacher: str | None = None) -> list[RunSpec]:
+              teacher: str | None = None, teacher_of: Callable[[int], int] | None = None) -> list[RunSpec]:
+    """``teacher``: a student's teacher type; ``teacher_of`` (``Distill.teacher_of``) which of its seeds
+    teaches a student seed: the spec's ``teacher_dir`` is that teacher's ``data/teachers/<arch>/s<seed>``."""
     def folder(k: RunKey) -> str:
-        return f"{k.arch}/{k.task}" if kind == "teacher" else f"{k.arch}/{k.folder}"
+        return f"{k.arch}/{teacher_folder(k)}" if kind == "teacher" else f"{k.arch}/{k.folder}"
+
+    def taught_by(k: RunKey) -> Path | None:
+        if teacher is None:
+            return None
+        if teacher_of is None:
+            raise ValueError("specs_for: a student's specs need teacher_of (which teacher seed teaches a seed)")
+        return at.teachers / teacher / f"s{teacher_of(k.seed)}"
 
     return [RunSpec(kind=kind, key=k, model=model or k.arch, data_dir=at.data / k.task,
                     slices_dir=at.slices / k.task, out_dir=at.out / folder(k), ckpt_dir=at.ckpt / folder(k),
-                    teacher=teacher, teacher_dir=at.teachers / teacher if teacher else None) for k in keys]
+                    teacher=teacher, teacher_dir=taught_by(k)) for k in keys]
 
 
 def cells(params: Params) -> list[tuple[str, str]]:
@@ -144,7 +160,8 @@ def train_specs(params: Params, at: Folders, lrs: dict[tuple[str, str], float] |
     every run of that cell (its grid runs too); a task only a grid trains an arch on keeps the recipe's."""
     specs = [s for arch in params.train.archs for s in specs_for("train", train_keys(params, arch), at)]
     for student, entry in params.distill.students.items():
-        specs += specs_for("distill", student_keys(params, student), at, model="deit", teacher=entry.teacher)
+        specs += specs_for("distill", student_keys(params, student), at, model="deit", teacher=entry.teacher,
+                           teacher_of=params.distill.teacher_of)
     lrs = lrs or {}
     return [replace(s, lr=lrs.get((s.key.arch, s.key.task))) for s in specs]
 
@@ -162,7 +179,7 @@ def tune_specs(params: Params, at: Folders) -> list[RunSpec]:
             teacher = params.distill.students[arch].teacher if arch in params.distill.students else None
             key = RunKey(task, arch, params.tune.seed, t.size, r.steps, r.budget_mode)
             out += [replace(s, lr=lr) for s in specs_for("tune", [key], trial, model="deit" if teacher else None,
-                                                          teacher=teacher)]
+                                                          teacher=teacher, teacher_of=params.distill.teacher_of)]
     return out
 
 

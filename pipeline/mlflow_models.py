@@ -2,7 +2,7 @@
 
 Each run's network is the logged model :data:`MODEL_NAME` (the Models tab; ``models:/<model_id>`` or
 ``runs:/<run_id>/network`` loads it); each teacher is also a version of the registered model
-``<prefix>-teacher-<arch>`` with its provenance as version tags and its task as alias. Called through
+``<prefix>-teacher-<arch>`` with its provenance as version tags and ``<task>-s<seed>`` as alias. Called through
 :class:`pipeline.tracking.StageRun` (its ``model`` and ``register_teacher``), with the stage's client: the fluent
 ``mlflow.pytorch.log_model`` would set the process's tracking URI, re-log every metric of the run to link it, and
 load the saved model back to validate the example.
@@ -102,7 +102,8 @@ def register_teacher(client, model_id: str, prefix: str, run_id: str, record: di
     """Register a teacher run's logged model as a version of ``<prefix>-teacher-<arch>`` (one registered model per
     teacher type), tagged with its provenance ``record`` (pipeline.provenance.teacher_record: run, seed, task,
     training set and data hashes, checkpoint hash, accuracies) and the run's identity, and point the alias
-    ``<task>`` at it. A run registered before keeps its version (a resumed record, a rerun). Returns the version."""
+    ``<task>-s<seed>`` at it (one teacher per seed and task). A run registered before keeps its version (a resumed
+    record, a rerun). Returns the version."""
     from mlflow.exceptions import MlflowException
 
     name = f"{prefix}-teacher-{record['arch']}"
@@ -116,7 +117,7 @@ def register_teacher(client, model_id: str, prefix: str, run_id: str, record: di
         try:
             client.create_registered_model(name, tags={"teacher.arch": record["arch"]}, description=(
                 f"Distillation teachers of type {record['arch']}: one version per trained teacher (task, "
-                "seed, training set in its tags); the alias names its task."))
+                "seed, training set in its tags); the alias <task>-s<seed> names one."))
         except MlflowException as err:
             if err.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
@@ -126,5 +127,6 @@ def register_teacher(client, model_id: str, prefix: str, run_id: str, record: di
         version = client.create_model_version(
             name, source, run_id=run_id, tags=tags, model_id=model_id, await_creation_for=0,
             description=description or None).version
-    client.set_registered_model_alias(name, alias(record.get("task", "")), str(version))
+    where = f"{record.get('task', '')}-s{record.get('seed', '')}"
+    client.set_registered_model_alias(name, alias(where), str(version))
     return str(version)

@@ -149,7 +149,7 @@ def run_params(params, spec) -> dict:
         if student.targets == "relabel":  # the relabel draw is seeded by the global seed
             out["seed"] = params.seed
     if spec.kind == "teacher":
-        out["distill"] = params.model_dump(mode="json", include={"distill": {"teacher_size", "teacher_seed"}})[
+        out["distill"] = params.model_dump(mode="json", include={"distill": {"teacher_size", "teacher_train"}})[
             "distill"]
     return out
 
@@ -215,7 +215,7 @@ def load_state(path: Path, model: str, rerun: str) -> dict:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        if "Unsupported global" in str(err):  # a pickle that names code to run: blocked, and called unsafe
+        if "unsupported global" in str(err).lower():  # a pickle that names code to run: blocked, and called unsafe
             raise StageError(f"{path}: {UNSAFE.format(rerun=rerun)}") from None
         raise StageError(f"{path}: not a {model} checkpoint (unreadable as a weights-only torch file); "
                          f"{rerun}") from None

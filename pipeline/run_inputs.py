@@ -36,10 +36,11 @@ def check_inputs(specs: list[RunSpec], params: Params) -> None:
         teachers.add((spec.teacher_dir, spec.key.task))
         record = load_teacher(spec.teacher_dir, spec.key.task, params, split.num_classes)[1]
         said = (record["arch"], record["task"], record["seed"])
-        if said != (spec.teacher, spec.key.task, params.distill.teacher_seed):
+        want = (spec.teacher, spec.key.task, params.distill.teacher_of(spec.key.seed))
+        if said != want:
             raise StageError(f"{spec.teacher_dir / spec.key.task / PROVENANCE}: records the teacher {said[0]} on "
-                             f"{said[1]}, seed {said[2]}, not {spec.teacher} on {spec.key.task}, seed "
-                             f"{params.distill.teacher_seed} (distill.teacher_seed); rerun the teacher stage")
+                             f"{said[1]}, seed {said[2]}, not {want[0]} on {want[1]}, seed {want[2]} "
+                             f"(distill.teacher_seeds); rerun the teacher stage")
         if record.get("data_sha256") != pool_sha256(manifest):
             raise StageError(f"{spec.teacher_dir / spec.key.task / PROVENANCE}: the teacher was trained on other "
                              f"images than {spec.data_dir} (data_sha256 differs); rerun the teacher stage")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from pipeline.config import Params
 from pipeline.errors import StageError
@@ -133,15 +134,27 @@ def transfer_set(indices: dict, task: str, where: Path) -> np.ndarray:
     return indices["transfer"]
 
 
-def relabel(labels: np.ndarray, rate: float, num_classes: int, seed: int, task: str) -> np.ndarray:
-    """The transfer set's noise control: ``round(rate * n)`` items, drawn at random, moved to a uniformly random
-    other class; the rest keep their true label. Seeded by (``seed``, task), so every student seed sees the same
-    targets, as it sees the same teacher's."""
-    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, zlib.crc32(f"relabel/{task}".encode())])))
-    out = labels.astype(np.int64).copy()
-    moved = rng.choice(len(out), size=int(round(rate * len(out))), replace=False)
-    out[moved] = (out[moved] + rng.integers(1, num_classes, len(moved))) % num_classes
+def shaped_relabel(said: np.ndarray, truth: np.ndarray, cells: np.ndarray, stream: tuple[int, ...]) -> np.ndarray:
+    """The noise control shaped like a teacher's errors: within each (factor value, true class) cell, the teacher's
+    own predictions ``said`` permuted at random. Every cell keeps its confusion counts exactly; which image
+    carries an error no longer depends on the image, so no bias of the teacher's travels with it."""
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(stream)))
+    out = said.astype(np.int64).copy()
+    keys = pd.MultiIndex.from_arrays([cells, truth]).factorize()[0]
+    for key in np.unique(keys):
+        members = np.flatnonzero(keys == key)
+        out[members] = rng.permutation(out[members])
     return out
+
+
+def read_factors(data_dir: Path, column: str) -> np.ndarray:
+    """One factor column of the task's ``factors.csv`` (rows = pool indices); a one-line error if absent."""
+    path = data_dir / "factors.csv"
+    try:
+        return pd.read_csv(path, usecols=[column])[column].to_numpy()
+    except (OSError, ValueError) as err:
+        raise StageError(f"{path}: no readable column {column!r} ({type(err).__name__}); rerun the data "
+                         "stage") from None
 
 
 def redraw(pool: np.ndarray, official: np.ndarray, labels: np.ndarray, data_seed: int) -> np.ndarray:
@@ -190,13 +203,17 @@ def seed_draw(pool: np.ndarray, labels: np.ndarray, size: int, group: int, strea
 
 
 def training_indices(spec: RunSpec, split, params: Params) -> np.ndarray:
-    """The images a run trains on: (teachers) the teacher set; (train.draw: per_seed) the seed's own draw from the
+    """The images a run trains on: (teachers) the teacher set, or a class-balanced draw of it of
+    ``distill.teacher_train`` images seeded by the teacher's seed; (train.draw: per_seed) the seed's own draw from the
     pool less the teacher set, stream (seed, data_seed), the same for every arm; (fixed) its subset, or another
     draw of it for data_seed > 0."""
     group = split.group
     where, k = spec.slices_dir / "indices.npz", spec.key
-    if spec.kind == "teacher":  # disjoint from the students' images (the subsets are nested)
-        return teacher_set(split, params, k.task, where)
+    if spec.kind == "teacher":  # disjoint from the students' images; each teacher seed its own draw of it
+        held = teacher_set(split, params, k.task, where)
+        if k.train_size >= len(held):
+            return held
+        return seed_draw(held, split.labels, k.train_size, group, (k.seed, zlib.crc32(b"teacher")), where)
     if params.train.draw == "per_seed":
         if "pool" not in split.indices:
             raise StageError(f"{where}: no pool array (train.draw: per_seed draws from it); rerun the slice stage")

@@ -92,7 +92,7 @@ def tiny(**changes) -> dict:
 def test_limits_are_inclusive():
     base = tiny()
     smallest = min(base["train"]["size"], *(s for g in base["train"]["grids"].values() for s in g.get("sizes", [])))
-    parse_params(tiny(train__recipe__batch_size=smallest, seed=SEED_MAX, distill__teacher_seed=SEED_MAX,
+    parse_params(tiny(train__recipe__batch_size=smallest, seed=SEED_MAX, distill__teacher_seeds=[SEED_MAX],
                       train__seeds=[0, SEED_MAX]))
     with pytest.raises(ConfigError, match="train.recipe.batch_size"):
         parse_params(tiny(train__recipe__batch_size=smallest + 1))

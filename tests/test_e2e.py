@@ -27,7 +27,7 @@ def test_every_stage_ran_and_wrote_its_outputs(reproduced_repo):
     student = json.loads((repo / "data/runs/deit/alignment/n128-t20-s0-d0-criterion/metrics.json").read_text())
     teacher = student["provenance"]["teacher"]  # the verified teacher the student was distilled from
     assert student["teacher"] == teacher["arch"] == "resnet" and teacher["checkpoint"] == "weights.pt"
-    weights = (repo / "data/teachers/resnet/alignment/weights.pt").read_bytes()
+    weights = (repo / "data/teachers/resnet/s0/alignment/weights.pt").read_bytes()
     assert teacher["checkpoint_sha256"] == hashlib.sha256(weights).hexdigest()
     assert student["budget"]["teacher_train_flops"] == teacher["train_flops"] > 0
 

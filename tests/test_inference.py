@@ -355,6 +355,57 @@ def test_an_agreement_row_scores_the_students_against_their_teacher():
     assert row.in_a > 0.95 and row.verdict == "held" and row.reason == ""
 
 
+def test_with_several_teachers_each_student_is_scored_against_its_own():
+    """Three teachers per type, students paired by seed (seed s: teacher s % 3). ``agree/ood_teacher_wrong`` is
+    where every ViT teacher is wrong (the type's shared errors), each student scored against its own teacher's
+    predictions there; ``teachers/ood`` is where the CNN teachers are right and the ViT teachers wrong by
+    majority, and the CNN-teacher students, copying theirs, win there."""
+    rng = np.random.default_rng(2)
+    labels = np.arange(N) % 2
+    ood = np.arange(0, N, 4)
+    items = cells.Items({"alignment": {"labels": labels, "factors": None, "subsets": {
+        "test": np.arange(N), "slice/ood": ood, "slice/id": np.setdiff1d(np.arange(N), ood)}}})
+    shared, base = ood[::2], {"task": "alignment", "train_size": 4000, "steps": 1000, "budget_mode": "steps",
+                              "data_seed": 0, "num_classes": 2, "curve": []}
+    said, rows = {}, []
+    for arch in ("vit", "resnet"):
+        for k in range(3):
+            t = labels.copy()
+            if arch == "vit":
+                t[shared] = 1 - t[shared]  # every ViT teacher wrong on the shared items
+                own = ood[1::2][k::3]  # and each on a few of its own
+                t[own] = 1 - t[own]
+            said[arch, k] = t
+            items.add(f"t/{arch}/{k}", "alignment", np.arange(N), np.eye(2)[t])
+            rows.append({**base, "source": "teachers", "arch": arch, "seed": k, "dir": f"t/{arch}/{k}",
+                         "test_acc": float((t == labels).mean()), "teacher_seed": math.nan})
+    for arch, teacher in (("deit_vit_transfer", "vit"), ("deit_vit_relabel", "vit"), ("deit_transfer", "resnet")):
+        for s in range(6):
+            out = np.where(rng.random(N) < 0.97, labels, 1 - labels)
+            copy = said[teacher, s % 3]
+            out[ood] = rng.integers(0, 2, len(ood)) if arch == "deit_vit_relabel" else copy[ood]
+            items.add(f"{arch}/{s}", "alignment", np.arange(N), np.eye(2)[out])
+            rows.append({**base, "source": "runs", "arch": arch, "seed": s, "dir": f"{arch}/{s}",
+                         "test_acc": float((out == labels).mean()), "teacher_seed": float(s % 3)})
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["train"]["archs"], raw["train"]["grids"] = {"vit": {"models": "vit", "tasks": ["alignment"]}}, {}
+    raw["distill"]["teachers"] = {"vit": "vit", "resnet": "resnet"}
+    raw["distill"]["students"] = {a: {"teacher": t, "tasks": ["alignment"], "transfer": True, **extra}
+                                  for a, t, extra in (("deit_vit_transfer", "vit", {}),
+                                                      ("deit_vit_relabel", "vit", {"targets": "relabel"}),
+                                                      ("deit_transfer", "resnet", {}))}
+    raw["report"]["bootstrap_samples"] = 200
+    raw["tasks"]["alignment"]["transfer_n"] = 100
+    raw["train"]["seeds"], raw["plan"]["max_seeds"] = list(range(6)), 6
+    led = ledger.judge(parse_params(raw), pd.DataFrame(rows), items, {}, {}, 0).set_index("id")
+    inherit = led.loc["distill.inherit.alignment"]
+    assert inherit["items"] == len(shared) and inherit.acc_a == 1.0 and 0.3 < inherit.acc_b < 0.7
+    split = led.loc["distill.type_split_vit.alignment"]  # ViT right, CNN wrong: no such item here
+    assert split["items"] == 0 or split.seeds == 0
+    cnn = led.loc["distill.type_split_cnn.alignment"]  # CNN right, ViT wrong by majority: the shared items
+    assert cnn["items"] == len(shared) and cnn.acc_a == 1.0 and cnn.acc_b == 0.0 and cnn.estimate == 1.0
+
+
 def test_the_chance_rule_reads_accuracy_not_agreement():
     """Both arms agreeing with a wrong teacher at or below a random guess's rate is two students mostly right where
     the teacher is wrong: a measurement, not two arms that learned nothing (the rule that gates accuracy rows)."""

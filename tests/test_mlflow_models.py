@@ -84,10 +84,10 @@ def test_a_run_logs_a_loadable_model_and_a_teacher_registers_once(tmp_path, monk
         tracker.finish(run_id)
 
     with tracking.stage_run(params, "teacher", "teacher") as tracker:
-        run_id = tracker.open("teacher/resnet/alignment", opened, {"lr": 0.1})
+        run_id = tracker.open("teacher/resnet/s0/alignment", opened, {"lr": 0.1})
         record(tracker, run_id)
     with tracking.stage_run(params, "teacher", "teacher") as tracker:  # a resumed run recorded again
-        assert tracker.open("teacher/resnet/alignment", opened, {"lr": 0.1}, run_id=run_id) == run_id
+        assert tracker.open("teacher/resnet/s0/alignment", opened, {"lr": 0.1}, run_id=run_id) == run_id
         record(tracker, run_id)
     assert capfd.readouterr() == ("", "")
 
@@ -110,14 +110,14 @@ def test_a_run_logs_a_loadable_model_and_a_teacher_registers_once(tmp_path, monk
     assert (version.run_id, version.source, version.tags["checkpoint_sha256"]) == (
         run_id, model.artifact_location, "cd")  # its own artifacts, not a URI resolved elsewhere
     assert version.tags["test_acc"] == "0.6" and version.tags["data_seed"] == "0"
-    assert client.get_model_version_by_alias(name, "alignment").version == version.version
+    assert client.get_model_version_by_alias(name, "alignment-s0").version == version.version  # task, teacher seed
 
     x = torch.from_numpy(example)
     with mlflow_store(tmp_path), torch.no_grad():
         info = mlflow.models.get_model_info(f"models:/{model.model_id}")
         assert info.signature is not None and info.saved_input_example_info is not None
         assert list(info.signature.inputs.to_dict()[0]["tensor-spec"]["shape"]) == [-1, 3, 2, 2]
-        for where in (f"models:/{model.model_id}", f"runs:/{run_id}/network", f"models:/{name}@alignment"):
+        for where in (f"models:/{model.model_id}", f"runs:/{run_id}/network", f"models:/{name}@alignment-s0"):
             loaded = mlflow.pytorch.load_model(where)
             assert not loaded.training, where
             torch.testing.assert_close(loaded(x), net(x), msg=where)

@@ -39,7 +39,7 @@ def test_format_keeps_values_and_comments(formatted):
     assert dvc_form(text) == text, "the DVC form is not a fixed point"
 
 
-@pytest.mark.parametrize("override", ["models.vit.depth=2", "train.recipe.lr=0.003", "seed=2"])
+@pytest.mark.parametrize("override", ["models.vit.depth=2", "train.recipe.lr=0.003", "seed=3"])
 def test_set_param_is_one_line_diff(formatted, override):
     before = formatted.read_text()
     apply_overrides(formatted, [override])  # what `dvc exp run -S` runs on params.yaml

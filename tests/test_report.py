@@ -270,12 +270,14 @@ def test_nothing_to_report_is_one_line_error(tmp_path, params_path):
 
 
 def test_teacher_disagreement_read_from_provenance(tmp_path):
-    folder = tmp_path / "teachers" / "resnet" / "alignment"
-    folder.mkdir(parents=True)
-    (folder / "provenance.json").write_text(json.dumps({"arch": "resnet", "model": "resnet", "task": "alignment",
-                                                        "seed": 0, "checkpoint_sha256": "ab" * 32,
-                                                        "student_train_disagreement": 0.125}))
-    assert sources.teacher_disagreement(tmp_path / "teachers") == {("resnet", "alignment"): 0.125}
+    """One rate per teacher type and task: the mean over its teachers (one folder per teacher seed)."""
+    for seed, rate in ((0, 0.125), (1, 0.375)):
+        folder = tmp_path / "teachers" / "resnet" / f"s{seed}" / "alignment"
+        folder.mkdir(parents=True)
+        (folder / "provenance.json").write_text(json.dumps({"arch": "resnet", "model": "resnet", "task": "alignment",
+                                                            "seed": seed, "checkpoint_sha256": "ab" * 32,
+                                                            "student_train_disagreement": rate}))
+    assert sources.teacher_disagreement(tmp_path / "teachers") == {("resnet", "alignment"): 0.25}
     assert sources.teacher_disagreement(tmp_path / "absent") == {}
 
 

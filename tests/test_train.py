@@ -38,6 +38,8 @@ KEY = RunKey("alignment", "vit", 0, 128, 20, "criterion")  # the main grid's bud
 def train(ws: Path, out: Path, params, kind: str = "train", key: RunKey = KEY, **teacher) -> dict:
     """One run through the stage path (prepare -> fit -> evaluate -> record) with one in-process worker."""
     at = Folders(ws / "data/tasks", ws / "data/slices", out / "runs", out / "ckpt", ws / "data/teachers")
+    if teacher:
+        teacher["teacher_of"] = params.distill.teacher_of
     (m,) = experiment.execute(specs_for(kind, [key], at, **teacher), params, "train", out / "ckpt")
     return m
 
@@ -157,7 +159,7 @@ def test_every_provenance_field_matches_the_files(runs, workspace):
     assert tags["data_sha256"] == expected["data_sha256"] and tags["params_sha256"] == expected["params_sha256"]
 
     teacher = student["provenance"]["teacher"]
-    weights = workspace / "data/teachers/resnet/alignment" / WEIGHTS
+    weights = workspace / "data/teachers/resnet/s0/alignment" / WEIGHTS
     assert teacher["checkpoint_sha256"] == sha256_file(weights)
     assert teacher["data_sha256"] == expected["data_sha256"]
     assert all(v not in ("", None) for v in teacher.values())
@@ -169,7 +171,7 @@ def test_every_provenance_field_matches_the_files(runs, workspace):
 def test_teacher_trains_on_a_disjoint_teacher_set(runs, workspace):
     from mlflow.artifacts import download_artifacts
 
-    folder_ = workspace / "data/teachers/resnet/alignment"
+    folder_ = workspace / "data/teachers/resnet/s0/alignment"
     m = json.loads((folder_ / "metrics.json").read_text())
     with np.load(workspace / "data/slices/alignment/indices.npz") as z:
         transfer = np.setdiff1d(z["train_256"], z["train_128"])
@@ -341,51 +343,66 @@ def test_students_train_on_targets_computed_once(workspace):
 
 def test_transfer_students_see_the_transfer_set_only_through_their_targets(workspace, tmp_path):
     """A transfer student trains on its own images plus the transfer set (unseen offsets, labels withheld); the
-    relabel control's targets there disagree with the truth exactly as often as the teacher does; both record
-    the set's hash and the teacher's rate, in metrics.json and in MLflow."""
+    noise control's targets there disagree with the truth exactly as often as the teacher does (its predictions
+    permuted within factor x class cells), the oracle's never; all record the set's hash and the teacher's rate,
+    in metrics.json and in MLflow."""
     from pipeline.config import parse_params
-    from pipeline.split import relabel
 
     raw = tiny_repo.params_with({"tasks": {"names": ["alignment"]}, "distill": {"students": {
         "deit_t": {"teacher": "resnet", "tasks": ["alignment"], "transfer": True},
-        "deit_r": {"teacher": "resnet", "tasks": ["alignment"], "transfer": True, "targets": "relabel"}}},
+        "deit_r": {"teacher": "resnet", "tasks": ["alignment"], "transfer": True, "targets": "relabel"},
+        "deit_o": {"teacher": "resnet", "tasks": ["alignment"], "transfer": True, "targets": "truth"}}},
         "train": {"archs": {"vit": {"models": "vit", "tasks": ["alignment"]}}, "grids": {}}})
     params = parse_params(raw)
     with np.load(workspace / "data/slices/alignment/indices.npz") as z:
         transfer, seen = z["transfer"], np.concatenate([z["train_256"], z["val"], z["test"]])
-    labels = np.load(workspace / "data/tasks/alignment/labels.npy")
     assert len(transfer) == 48 and not np.intersect1d(transfer, seen).size  # no training, val or test image
     with mlflow_store(tmp_path):
         m = {name: train(workspace, tmp_path / name, params, "distill", RunKey("alignment", name, 0, 128, 20, "steps"),
-                         model="deit", teacher="resnet") for name in ("deit_t", "deit_r")}
+                         model="deit", teacher="resnet") for name in ("deit_t", "deit_r", "deit_o")}
         from mlflow.tracking import MlflowClient
 
         tags = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(
             m["deit_r"]["mlflow_run_id"]).data.tags
-    rec_t, rec_r = (m[n]["provenance"]["transfer"] for n in ("deit_t", "deit_r"))
-    teacher = json.loads((workspace / "data/teachers/resnet/alignment/provenance.json").read_text())
+    rec_t, rec_r, rec_o = (m[n]["provenance"]["transfer"] for n in ("deit_t", "deit_r", "deit_o"))
+    teacher = json.loads((workspace / "data/teachers/resnet/s0/alignment/provenance.json").read_text())
     assert rec_t["transfer_n"] == 48 and rec_t["transfer_sha256"] == rec_r["transfer_sha256"]
     assert rec_t["teacher_transfer_disagreement"] == pytest.approx(teacher["transfer_disagreement"], abs=1e-6)
-    assert rec_r["relabel_disagreement"] == pytest.approx(rec_t["teacher_transfer_disagreement"], abs=1 / 48)
+    assert rec_r["target_disagreement"] == pytest.approx(rec_t["teacher_transfer_disagreement"], abs=1e-9)
+    assert rec_o["target_disagreement"] == 0.0 and rec_r["relabel_within"] == "offset x class"
     assert tags["transfer.transfer_sha256"] == rec_r["transfer_sha256"] and tags["transfer.targets"] == "relabel"
     assert m["deit_t"]["provenance"]["train_slice_sha256"] == m["deit_r"]["provenance"]["train_slice_sha256"]
-    # the control's draw: the same for every student seed, exactly the rate asked, only to other classes
-    truth = labels[transfer]
-    a, b = relabel(truth, 0.25, 4, 0, "alignment"), relabel(truth, 0.25, 4, 0, "alignment")
-    assert (a == b).all() and (a != truth).sum() == 12 and a.min() >= 0 and a.max() < 4
+
+
+def test_the_noise_control_keeps_each_cells_confusion_and_moves_the_errors():
+    """Within each (factor value, true class) cell the permuted predictions have the teacher's counts exactly, the
+    draw is the same for the same stream, and the errors land on other images than the teacher's."""
+    from pipeline.split import shaped_relabel
+
+    rng = np.random.default_rng(0)
+    truth, cells = rng.integers(0, 4, 2000), rng.integers(0, 5, 2000)
+    said = np.where(rng.random(2000) < 0.3 + 0.1 * cells, (truth + 1 + cells % 3) % 4, truth)  # errors by cell
+    a, b = shaped_relabel(said, truth, cells, (0, 1)), shaped_relabel(said, truth, cells, (0, 1))
+    assert (a == b).all() and not (a == shaped_relabel(said, truth, cells, (0, 2))).all()
+    for v in range(5):
+        for c in range(4):
+            cell = (cells == v) & (truth == c)
+            assert np.array_equal(np.bincount(a[cell], minlength=4), np.bincount(said[cell], minlength=4))
+    wrong_t, wrong_a = said != truth, a != truth
+    assert wrong_a.sum() == wrong_t.sum() and (wrong_a & wrong_t).sum() < 0.7 * wrong_t.sum()
 
 
 def test_tampered_teacher_is_refused(workspace, tmp_path):
     params = load_params(workspace / "params.yaml")
     teachers = tmp_path / "teachers"
     shutil.copytree(workspace / "data/teachers/resnet", teachers)
-    weights = teachers / "alignment" / WEIGHTS
+    weights = teachers / "s0" / "alignment" / WEIGHTS
     state = torch.load(weights, weights_only=True)
     key = next(iter(state))
     state[key] = state[key] + 1e-3  # a loadable checkpoint, different weights
     torch.save(state, weights)
     with pytest.raises(StageError, match="sha256"):
-        load_teacher(teachers, "alignment", params, 4)
+        load_teacher(teachers / "s0", "alignment", params, 4)
 
 
 

@@ -15,14 +15,15 @@ class Student(Section):
 
     ``transfer``: the student also trains on its task's transfer set (images at the factor's unseen values,
     ``tasks.<task>.transfer_n``) and gets no true label for them: only the distillation head's target.
-    ``targets``: ``teacher`` (the teacher's argmax, or its logits when ``soft``), or ``relabel``: the control
-    of docs/design.md section 4 (the true labels, a random share of the transfer set moved to a random other
-    class at the teacher's own disagreement rate there: the same noise without the teacher's bias)."""
+    ``targets`` on the transfer set: ``teacher`` (the teacher's argmax, or its logits when ``soft``);
+    ``relabel``, the noise control (each item's target drawn from the teacher's own confusion matrix at the
+    item's factor value and true class: its errors' shape and rate, without which images they fall on, so no
+    bias); or ``truth``, the oracle (the true labels: what label availability alone gives)."""
 
     teacher: str
     tasks: Annotated[list[str], Field(min_length=1)] | None = None  # None: distill.tasks
     transfer: bool = False
-    targets: Literal["teacher", "relabel"] = "teacher"
+    targets: Literal["teacher", "relabel", "truth"] = "teacher"
     soft: bool | None = None  # None: distill.soft
 
     @model_validator(mode="before")
@@ -32,10 +33,11 @@ class Student(Section):
 
     @model_validator(mode="after")
     def _control(self) -> Student:
-        if self.targets == "relabel" and not self.transfer:
-            raise ValueError("targets: relabel is the transfer set's noise control; it needs transfer: true")
-        if self.targets == "relabel" and self.soft:
-            raise ValueError("soft: relabelled targets are hard labels; a soft relabel control is not defined")
+        if self.targets != "teacher" and not self.transfer:
+            raise ValueError(f"targets: {self.targets} replaces the teacher's targets on the transfer set; it needs "
+                             "transfer: true")
+        if self.targets != "teacher" and self.soft:
+            raise ValueError(f"soft: {self.targets} targets are hard labels; a soft {self.targets} is not defined")
         return self
 
 class Distill(Section):
@@ -44,7 +46,10 @@ class Distill(Section):
     teachers: dict[str, str]  # teacher arch: its models section
     students: dict[Name, Student]  # student name (its run folder) -> its teacher (or the whole entry)
     tasks: list[str]  # where a student without its own ``tasks`` trains
-    teacher_seed: NonNegInt
+    # Teachers are a random factor: one teacher per seed and type, each on its own draw of ``teacher_train``
+    # images; a student of seed s learns from teacher_seeds[s % len(teacher_seeds)] (pipeline.grid).
+    teacher_seeds: Annotated[list[NonNegInt], Field(min_length=1)]
+    teacher_train: PosInt | None = None  # None: the whole teacher set (then teachers differ by seed only)
     # Teachers train on train_<teacher_size> minus the students' train_<train.size> (nested subsets): a
     # transfer set disjoint from the students' images, so their labels on the students' data can disagree.
     teacher_size: PosInt
@@ -60,6 +65,10 @@ class Distill(Section):
             if entry.teacher not in self.teachers:
                 raise ValueError(f"students.{student}: teacher {entry.teacher!r} is not in distill.teachers")
         return self
+
+    def teacher_of(self, seed: int) -> int:
+        """The teacher seed a student of ``seed`` learns from (teachers cycle over the student seeds)."""
+        return self.teacher_seeds[seed % len(self.teacher_seeds)]
 
     def student_tasks(self, student: str) -> list[str]:
         return self.students[student].tasks or self.tasks

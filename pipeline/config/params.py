@@ -91,6 +91,12 @@ class Params(Section):
         if self.distill.students and self.distill.teacher_size <= t.size:  # no students: no teacher set needed
             raise ValueError(f"distill.teacher_size: {self.distill.teacher_size} must exceed train.size {t.size} "
                              "(teachers train on the images students do not see)")
+        held, d = self.distill.teacher_size - t.size, self.distill
+        if d.students and d.teacher_train is not None and d.teacher_train > held:
+            raise ValueError(f"distill.teacher_train: {d.teacher_train} exceeds the teacher set, distill.teacher_size"
+                             f" - train.size = {held} images (each teacher draws its images from it)")
+        if len(set(d.teacher_seeds)) < len(d.teacher_seeds):
+            raise ValueError(f"distill.teacher_seeds: {d.teacher_seeds} repeats a seed (one teacher per seed)")
         if clash := sorted(set(self.distill.students) & set(t.archs)):  # both write data/runs/<name>
             raise ValueError(f"distill.students: {clash} also named in train.archs")
         return self
@@ -99,7 +105,7 @@ class Params(Section):
     def _worker_limits(self) -> Params:
         """What a worker would otherwise find only after an MLflow run and a checkpoint folder exist."""
         t, d = self.train, self.distill
-        seeds = [("seed", [self.seed]), ("train.seeds", t.seeds), ("distill.teacher_seed", [d.teacher_seed])]
+        seeds = [("seed", [self.seed]), ("train.seeds", t.seeds), ("distill.teacher_seeds", d.teacher_seeds)]
         seeds += [(f"train.grids.{g}.seeds", x.seeds or []) for g, x in t.grids.items()]
         seeds.append(("tune.seed", [self.tune.seed]))
         if (trained := {v for key, values in seeds[1:-1] for v in values}) and self.tune.seed in trained:
@@ -149,4 +155,6 @@ def training_sets(p: Params) -> dict[str, int]:
     sizes |= {f"train.grids.{g}.sizes": min(x.sizes) for g, x in t.grids.items() if x.sizes}
     if d.teachers and d.tasks:
         sizes["distill.teacher_size - train.size"] = d.teacher_size - t.size
+        if d.teacher_train is not None:
+            sizes["distill.teacher_train"] = d.teacher_train
     return sizes

@@ -42,12 +42,18 @@ def _teacher_arch(m: dict) -> str | None:
     return t if isinstance(t, str) or t is None else t.get("arch")
 
 
+def _teacher_seed(m: dict) -> float:
+    """The seed of the teacher a student learned from (its provenance record); NaN for every other run."""
+    record = (m.get("provenance") or {}).get("teacher") or {}
+    return float(record["seed"]) if isinstance(record, dict) and "seed" in record else math.nan
+
+
 def runs_frame(records: list[dict]) -> pd.DataFrame:
     """metrics.json records (each with an added ``source`` and ``dir``) -> one row per run.
 
     Columns: source, task, arch, model, seed, train_size, num_classes, test_acc, val_acc, shift_consistency,
     n_test, id_acc, ood_acc, how the run ended (:func:`~pipeline.report.sources.run_outcome`), the budget counts,
-    the measurements, teacher_arch, mlflow_run_id, dir.
+    the measurements, teacher_arch, teacher_seed, mlflow_run_id, dir.
     """
     rows = []
     for m in records:
@@ -66,13 +72,14 @@ def runs_frame(records: list[dict]) -> pd.DataFrame:
             "id_acc": _or(slice_acc(m, "slice/id"), float(m["test_acc"])), "ood_acc": slice_acc(m, "slice/ood"),
             **run_outcome(m),
             **{k: b.get(k) for k in BUDGET_KEYS}, **{k: meas.get(k) for k in MEASURED_KEYS},
-            "teacher_arch": _teacher_arch(m), "mlflow_run_id": m.get("mlflow_run_id"),
+            "teacher_arch": _teacher_arch(m), "teacher_seed": _teacher_seed(m), "mlflow_run_id": m.get("mlflow_run_id"),
             "dir": m.get("dir"), "curve": m.get("curve"),
         })
     cols = ["source", "task", "arch", "model", "seed", "train_size", "num_classes", "steps", "data_seed",
             "budget_mode", "lr", "test_acc", "val_acc",
             "shift_consistency", "n_test", "id_acc", "ood_acc", "steps_done", "criterion_step",
-            "criterion_recorded", "stop_reason", *BUDGET_KEYS, *MEASURED_KEYS, "teacher_arch", "mlflow_run_id", "dir",
+            "criterion_recorded", "stop_reason", *BUDGET_KEYS, *MEASURED_KEYS, "teacher_arch", "teacher_seed",
+            "mlflow_run_id", "dir",
             "curve"]
     df = pd.DataFrame(rows, columns=cols)
     for col in ("val_acc", "shift_consistency"):

@@ -65,25 +65,48 @@ class Items:
         return (*out, common) if with_index else out
 
 
-    def agreeing_with(self, task: str, teacher_index: np.ndarray, teacher_logits: np.ndarray,
-                      run_dirs) -> Items:
-        """The runs ``run_dirs`` (all on ``task``) scored against a teacher instead of the labels: "right" on an
-        item where a run predicts what the teacher predicts. Subsets ``agree/test``, ``agree/ood``, and the
-        items the teacher gets wrong, ``agree/teacher_wrong`` and ``agree/ood_teacher_wrong`` (where only a bias
-        the student inherited makes it agree: the labels never say so)."""
+    def agreeing_with(self, task: str, teachers: dict[str, tuple[np.ndarray, np.ndarray]],
+                      own: dict[str, str]) -> Items:
+        """The runs of ``own`` (run dir -> its teacher's dir; all on ``task``) scored against their own teacher
+        instead of the labels: "right" on an item where a run predicts what its teacher predicts. ``teachers``:
+        every teacher of the type (dir -> (pool index, logits)). Subsets ``agree/test``, ``agree/ood``, and the
+        items the type gets wrong (every teacher of it), ``agree/teacher_wrong`` and ``agree/ood_teacher_wrong``:
+        its shared errors, where only a bias the student inherited makes it agree (the labels never say so)."""
         pool = self.pools[task]
-        said = np.full(len(pool["labels"]), -1, dtype=np.int64)
-        said[teacher_index] = teacher_logits.argmax(-1)
-        wrong = teacher_index[said[teacher_index] != pool["labels"][teacher_index]]
-        subsets = {"agree/test": pool["subsets"]["test"], "agree/teacher_wrong": np.sort(wrong)}
+        labels, n = pool["labels"], len(pool["labels"])
+        said, wrong = {}, None
+        for folder, (index, logits) in teachers.items():
+            said[folder] = np.full(n, -1, dtype=np.int64)
+            said[folder][index] = logits.argmax(-1)
+            errs = index[said[folder][index] != labels[index]]
+            wrong = errs if wrong is None else np.intersect1d(wrong, errs)
+        wrong = np.sort(wrong) if wrong is not None else np.array([], dtype=np.int64)
+        subsets = {"agree/test": pool["subsets"]["test"], "agree/teacher_wrong": wrong}
         if (ood := pool["subsets"].get("slice/ood")) is not None:
             subsets.update({"agree/ood": ood, "agree/ood_teacher_wrong": np.intersect1d(ood, wrong)})
-        view = Items({task: {**pool, "labels": said, "subsets": {**pool["subsets"], **subsets}}})
-        for run_dir in run_dirs:
-            if (got := self.runs.get(run_dir)) is not None:
+        view = Items({task: {**pool, "subsets": {**pool["subsets"], **subsets}}})
+        for run_dir, teacher_dir in own.items():
+            if (got := self.runs.get(run_dir)) is not None and teacher_dir in said:
                 index, _, logits = got
-                view.runs[run_dir] = (index, logits.argmax(-1) == said[index], logits)
+                view.runs[run_dir] = (index, logits.argmax(-1) == said[teacher_dir][index], logits)
         return view
+
+    def where_teachers_split(self, task: str, right: list[str], wrong: list[str], within: str) -> np.ndarray:
+        """Items of ``within`` (``test`` or ``ood``) the ``right`` teachers (run dirs) get right by majority and the
+        ``wrong`` ones get wrong by majority: where two teacher types disagree, so a student inheriting one type's
+        bias differs there from one inheriting the other's."""
+        pool = self.pools[task]
+        among = pool["subsets"].get("test" if within == "test" else f"slice/{within}")
+        if among is None:
+            return np.array([], dtype=np.int64)
+
+        def majority(dirs: list[str]) -> pd.Series:
+            votes = [pd.Series(self.runs[d][1], index=self.runs[d][0]) for d in dirs if d in self.runs]
+            return pd.concat(votes, axis=1).dropna().mean(axis=1) if votes else pd.Series(dtype=float)
+
+        a, b = majority(right), majority(wrong)
+        both = a.index.intersection(b.index).intersection(among)
+        return np.sort(both[(a[both] > 0.5).to_numpy() & (b[both] < 0.5).to_numpy()].to_numpy()).astype(np.int64)
 
 
 def _take(index: np.ndarray, values: np.ndarray, wanted: np.ndarray) -> np.ndarray:

@@ -41,6 +41,9 @@ CONTRASTS = _contrasts(Path(__file__).with_name("contrasts.csv"))
 # Analytic bounds beside the fitted floors, keyed by task. relation: the label is an A x B interaction of two
 # marks' colours over 8 colour configurations; the best rule without an A x B term (any additive score of A's
 # and B's colour) gets at most 6 of the 8 right, so 0.75 bounds every model that cannot join the two marks.
+# a subset ``teachers/<ood|test>``: the items where a's teacher type is right and b's wrong (by majority over each
+# type's teachers): where the two biases part, so a student that inherits its teacher's differs there
+TEACHERS_SPLIT = "teachers/"
 ANALYTIC_FLOORS = {"relation": 0.75}
 
 
@@ -110,10 +113,16 @@ def plan(params) -> list[dict]:
     for c in CONTRASTS:
         for task in c["tasks"] or params.tasks.names:  # a distill.* row: wherever both its arms train
             if task in conf.get(c["a"], ()) and task in conf.get(c["b"], ()):
-                # an agree/* row scores both arms against a's teacher (cells.Items.agreeing_with)
+                # an agree/* row scores both arms against a's teacher type (cells.Items.agreeing_with)
                 teacher = students[c["a"]].teacher if c["subset"].startswith("agree/") and c["a"] in students \
                     else ""
-                rows.append({**c, "id": f"{c['id']}.{task}", "task": task, "kind": "paired", "teacher": teacher})
+                pair = {}
+                if c["subset"].startswith(TEACHERS_SPLIT):
+                    if not (c["a"] in students and c["b"] in students):
+                        raise ValueError(f"contrasts.csv: {c['id']}: a {TEACHERS_SPLIT} row compares two students")
+                    pair = {"teacher_a": students[c["a"]].teacher, "teacher_b": students[c["b"]].teacher}
+                rows.append({**c, "id": f"{c['id']}.{task}", "task": task, "kind": "paired", "teacher": teacher,
+                             **pair})
     for f in FLOOR_ROWS:
         rows += [{**f, "id": f"{f['id']}.{task}", "task": task, "b": "floor", "kind": "floor", "expect": "<="}
                  for task in f["tasks"] if task in conf.get(f["a"], ())]

@@ -70,7 +70,8 @@ def below_floor(row: dict, m: dict) -> list[str]:
     floor = m.get("floor", float("nan"))
     if floor != floor or row["subset"] == SPEED or row["subset"].startswith("agree/"):
         return []
-    arms = ((row["a"], m["acc_a"]),) if row["expect"] == "+" else ((row["a"], m["acc_a"]), (row["b"], m["acc_b"]))
+    acc_a, acc_b = m.get("floor_acc_a", m["acc_a"]), m.get("floor_acc_b", m["acc_b"])  # on the floor's slice
+    arms = ((row["a"], acc_a),) if row["expect"] == "+" else ((row["a"], acc_a), (row["b"], acc_b))
     need = floor + row["margin"]
     short = [f"{arm} {acc:.3f}" for arm, acc in arms if not acc >= need]
     if not short:

@@ -259,7 +259,7 @@ def _context(row: dict, reach: pd.DataFrame, config: dict, disagreement: dict, t
         return budget_context(reach, row, config)
     if not row["id"].startswith("distill."):
         return ""
-    on_transfer = row["id"].startswith(("distill.transfer", "distill.inherit"))
+    on_transfer = row["id"].startswith(("distill.transfer", "distill.inherit", "distill.oracle", "distill.type_split"))
     rates = {t: r for (t, task), r in (transfer if on_transfer else disagreement).items() if task == row["task"]}
     where = "the transfer set" if on_transfer else "the students' images"
     ctx = ", ".join(f"{t} teacher disagrees with the labels on {r:.1%} of {where}" for t, r in sorted(rates.items()))

@@ -9,8 +9,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from pipeline.report import cells, learnability, stats
-from pipeline.report.contrasts import ANALYTIC_FLOORS
+from pipeline.report import cells, learnability, sources, stats
+from pipeline.report.cells import Items
+from pipeline.report.contrasts import ANALYTIC_FLOORS, TEACHERS_SPLIT
 from pipeline.report.gate import SPEED, UNREACHED
 
 
@@ -97,6 +98,20 @@ def chance_of(floors: dict, runs: pd.DataFrame, task: str) -> float:
 # (alignment: a bag of tokens reaches ~1.0 at the training offsets), so the learn rule's base stays the whole test
 # set's floor there instead of the in-distribution slice's (docs/design.md §2).
 ID_EASY_BY_DESIGN = ("alignment",)
+
+
+def own_teachers(arms: pd.DataFrame, teachers: pd.DataFrame) -> dict[str, str]:
+    """Run dir -> the dir of its own teacher among ``teachers`` (one type on one task; sources.own_teacher)."""
+    return {r.dir: d for r in arms.itertuples() if (d := sources.own_teacher(r, teachers)) is not None}
+
+
+def floored_slice(subset: str) -> str:
+    """The slice whose shortcut floor a row is held to: its own, or for a ``teachers/<slice>`` row (a subset
+    picked by the teachers' correctness, where no shortcut was fitted) the whole slice it is cut from."""
+    if not subset.startswith(TEACHERS_SPLIT):
+        return subset
+    within = subset.removeprefix(TEACHERS_SPLIT)
+    return "test" if within == "test" else f"slice/{within}"
 
 
 def learning_floor(floors: dict, task: str, learned_on: str = "") -> float:
@@ -220,8 +235,9 @@ def measure(row: dict, runs: pd.DataFrame, items: cells.Items, config: dict, flo
     """The measured side of one planned row (before Holm, the gate and the verdict)."""
     task = row["task"]
     a_rows = cells.select(runs, task, row["a"], {**config, **row.get("a_cfg", {})})
-    floor, floor_name = floor_of(floors, task, row.get("exclude", ()), row["subset"])
-    lo, hi = floor_interval(floors, task, floor_name, rp.confidence, row["subset"])
+    judged = floored_slice(row["subset"])
+    floor, floor_name = floor_of(floors, task, row.get("exclude", ()), judged)
+    lo, hi = floor_interval(floors, task, floor_name, rp.confidence, judged)
     analytic = ANALYTIC_FLOORS.get(task, math.nan)
     bound = max((v for v in (hi if hi == hi else floor, analytic) if v == v), default=math.nan)
     chance = chance_of(floors, runs, task)
@@ -233,14 +249,25 @@ def measure(row: dict, runs: pd.DataFrame, items: cells.Items, config: dict, flo
     if row["kind"] == "paired":
         b_rows = cells.select(runs, task, row["b"], config)
         scored = items
-        if row.get("teacher"):  # scored by agreement with the teacher (the gate still reads accuracy)
+        if row.get("teacher"):  # scored by agreement with each run's own teacher (the gate still reads accuracy)
             t = runs[(runs.source == "teachers") & (runs.task == task) & (runs.arch == row["teacher"])]
-            got = items.runs.get(t["dir"].iloc[0]) if len(t) else None
-            if got is None:
+            got = {d: items.runs[d][::2] for d in t["dir"] if d in items.runs}
+            if not got:
                 return out
-            scored = items.agreeing_with(task, got[0], got[2], [*a_rows["dir"], *b_rows["dir"]])
+            scored = items.agreeing_with(task, got, own_teachers(pd.concat([a_rows, b_rows]), t))
+        elif row["subset"].startswith(TEACHERS_SPLIT):  # where a's teacher type is right and b's wrong
+            ta, tb = (runs[(runs.source == "teachers") & (runs.task == task) & (runs.arch == arm)]["dir"].tolist()
+                      for arm in (row["teacher_a"], row["teacher_b"]))
+            where = items.where_teachers_split(task, ta, tb, row["subset"].removeprefix(TEACHERS_SPLIT))
+            scored = Items({task: {**items.pools[task], "subsets": {**items.pools[task]["subsets"],
+                                                                   row["subset"]: where}}}, items.runs)
         m = {**out, **(measure_speed(row, a_rows, b_rows, items, rp) if row["subset"] == SPEED
                        else measure_paired(row, a_rows, b_rows, items, rp, seed, row["margin"], scored))}
+        if judged != row["subset"] and m.get("seeds"):  # the floor is the whole slice's: so is what clears it
+            seeds = sorted(set(a_rows.seed) & set(b_rows.seed))
+            for arm, rows in (("a", a_rows), ("b", b_rows)):
+                got = items.matrix(rows, items.subset(task, judged), seeds)
+                m[f"floor_acc_{arm}"] = float(got[1].mean()) if got is not None else math.nan
         # seeds of each arm at or above the learn threshold: a split arm (some did, some not) is one the plan
         # continues rather than calls a non-learner on a handful of seeds
         for arm, got in zip(("a", "b"), m.pop("_in_seeds", (None, None)), strict=True):

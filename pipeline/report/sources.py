@@ -123,17 +123,17 @@ def _find_rate(obj, word: str = "disagree") -> float | None:
 
 
 def teacher_disagreement(teachers_dir: Path | None, word: str = "disagree") -> dict[tuple[str, str], float]:
-    """(teacher arch, task) -> the teacher's disagreement with the true labels on the students' training
-    images, from ``<teachers>/<arch>/<task>/provenance.json``; ``word="transfer_disagree"``: on the task's
-    transfer set instead (where it has one)."""
+    """(teacher arch, task) -> the teachers' disagreement with the true labels on the students' training
+    images, from ``<teachers>/<arch>/s<seed>/<task>/provenance.json``, the mean over a type's teachers;
+    ``word="transfer_disagree"``: on the task's transfer set instead (where it has one)."""
     if teachers_dir is None or not teachers_dir.exists():
         return {}
-    out = {}
-    for path in sorted(teachers_dir.glob("*/*/provenance.json")):
+    found: dict[tuple[str, str], list[float]] = {}
+    for path in sorted(teachers_dir.glob("*/*/*/provenance.json")):
         rate = _find_rate(read_checked(path, TEACHER_PROVENANCE), word)
         if rate is not None:
-            out[(path.parent.parent.name, path.parent.name)] = rate
-    return out
+            found.setdefault((path.parents[2].name, path.parent.name), []).append(rate)
+    return {key: float(np.mean(rates)) for key, rates in found.items()}
 
 
 def configured(m: dict, params) -> bool:
@@ -208,13 +208,28 @@ def agreements(runs: pd.DataFrame, arms, teacher_tasks: list[str], items=None) -
     for t in teachers.itertuples():
         if t.task not in teacher_tasks or (tp := read_predictions(t.dir)) is None:
             continue
+        same_type = teachers[(teachers.task == t.task) & (teachers.arch == t.arch)]
         for r in pool[pool.task == t.task].itertuples():
-            if r.source == "teachers" and r.arch == t.arch or (rp := read_predictions(r.dir)) is None:
+            if r.source == "teachers" and (r.arch == t.arch or r.seed != t.seed):  # teachers pair by seed
+                continue
+            if r.source != "teachers" and own_teacher(r, same_type) != t.dir:  # each run beside its own
+                continue
+            if (rp := read_predictions(r.dir)) is None:
                 continue
             rows.append({"task": t.task, "arch": r.arch, "source": r.source, "seed": r.seed, "teacher": t.arch,
                          "agreement": agreement(rp[0], rp[1], tp[0], tp[1]),
                          **_where_it_matters(items, t.task, rp, tp)})
     return pd.DataFrame(rows, columns=["task", "arch", "source", "seed", "teacher", *AGREEMENTS])
+
+
+def own_teacher(run, teachers: pd.DataFrame) -> str | None:
+    """The dir of the teacher (of ``teachers``: one type on one task) a run is compared with: a student's own (its
+    recorded teacher seed); any other run the one its seed would have had (teachers cycle over seeds in order)."""
+    by_seed = dict(zip(teachers.seed.astype(int), teachers.dir, strict=True))
+    if not by_seed:
+        return None
+    taught = getattr(run, "teacher_seed", math.nan)
+    return by_seed.get(int(taught) if taught == taught else sorted(by_seed)[int(run.seed) % len(by_seed)])
 
 
 # agreement with a teacher: on the test split, its out-of-distribution slice, the items the teacher gets wrong,

@@ -30,7 +30,7 @@ def plan_specs(plan: dict, params, at, lrs: dict) -> list:
         keys = [RunKey(cell["task"], cell["arch"], s, t.size, r.steps, r.budget_mode) for s in cell["seeds"]]
         student = students.get(cell["arch"])
         specs += specs_for("distill" if student else "train", keys, at, model="deit" if student else None,
-                           teacher=student.teacher if student else None)
+                           teacher=student.teacher if student else None, teacher_of=params.distill.teacher_of)
     return [replace(s, lr=lrs.get((s.key.arch, s.key.task))) for s in specs]
 
 
