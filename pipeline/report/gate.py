@@ -76,5 +76,6 @@ def below_floor(row: dict, m: dict) -> list[str]:
     short = [f"{arm} {acc:.3f}" for arm, acc in arms if not acc >= need]
     if not short:
         return []
-    return [f"a shortcut reaches {row['subset']}: {m['floor_baseline']} {floor:.3f} ({', '.join(short)}; needs "
+    return [f"a shortcut reaches {m.get('floor_slice', row['subset'])}: {m['floor_baseline']} {floor:.3f} "
+            f"({', '.join(short)}; needs "
             f">= {need:.3f})"]

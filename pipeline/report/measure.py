@@ -264,7 +264,7 @@ def measure(row: dict, runs: pd.DataFrame, items: cells.Items, config: dict, flo
         m = {**out, **(measure_speed(row, a_rows, b_rows, items, rp) if row["subset"] == SPEED
                        else measure_paired(row, a_rows, b_rows, items, rp, seed, row["margin"], scored))}
         if judged != row["subset"] and m.get("seeds"):  # the floor is the whole slice's: so is what clears it
-            seeds = sorted(set(a_rows.seed) & set(b_rows.seed))
+            m["floor_slice"], seeds = judged, sorted(set(a_rows.seed) & set(b_rows.seed))
             for arm, rows in (("a", a_rows), ("b", b_rows)):
                 got = items.matrix(rows, items.subset(task, judged), seeds)
                 m[f"floor_acc_{arm}"] = float(got[1].mean()) if got is not None else math.nan

@@ -153,11 +153,14 @@ def _table(out: Path, name: str, title: str, note: str, df: pd.DataFrame, shown:
 
 
 AGREEMENT_NOTE = (
-    "Per task, arm and teacher: the share of items on which the arm predicts what that teacher predicts, seed mean "
-    "with its seed-level t interval ({level:.0%}), on `where`: `test` (every test item), `ood` (unseen factor "
-    "values), `teacher_wrong` (the items the teacher gets wrong) and `ood_teacher_wrong` (the unseen items it gets "
-    "wrong: a transfer student that agrees there inherited the teacher's bias, since no label says so; a "
-    "relabel control at the same rate shows what noise alone gives). `items`: how many items the rate is over.")
+    "Per task, arm and teacher type: the share of items on which the arm predicts what its own teacher of that type "
+    "predicts (a student: the teacher it learned from; any other arm: the teacher its seed pairs with; a teacher: "
+    "the other type's teacher of its seed), mean over seeds with its seed-level t interval ({level:.0%}: seeds "
+    "span teachers too), on `where`: `test` (every test item), `ood` (unseen factor values), `teacher_wrong` (the "
+    "items that teacher gets wrong) and `ood_teacher_wrong` (the unseen items it gets wrong: a transfer student "
+    "that agrees there inherited the teacher's bias, since no label says so; the relabel control, the same "
+    "teacher's predictions permuted within each factor value and class, shows what errors of that shape alone "
+    "give). `items`: how many items the rate is over.")
 
 
 def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str, pd.DataFrame]]:
@@ -218,16 +221,20 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
 
 
 DISTILLATION_NOTE = (
-    "Main grid (one training configuration) and the teachers. `teacher_disagrees`: the student's teacher against "
-    "the true labels on the students' training images (from its provenance), `teacher_disagrees_transfer` on the "
-    "task's transfer set (unseen factor values, which a transfer student learns only from its teacher, or from "
-    "random relabels at that rate). `acc_id`, `acc_ood`: accuracy in and out of distribution, seed mean with its "
-    "seed-level t interval (`_lo`, `_hi`; none for a one-seed teacher). `agree_<teacher>`: share of test items "
-    "predicted like that teacher (seed mean); `agree_ood_<teacher>`: the same on the out-of-distribution slice; "
-    "`agree_wrong_<teacher>`: on the items that teacher gets wrong, where only an inherited bias makes a student "
-    "agree (a label-trained model agrees there by chance or by a shared error), `agree_ood_wrong_<teacher>` on "
-    "the unseen items it gets wrong. Seed-level intervals of every agreement: the distillation agreement table; "
-    "paired contrasts with CIs: the ledger.")
+    "Main grid (one training configuration) and the teachers: each teacher type is several teachers (one per "
+    "seed, each on its own draw of the teacher set), so a teacher row's `seeds` counts teachers and its interval "
+    "is over teachers. `teacher_disagrees`: the type's teachers against the true labels on the students' training "
+    "images (mean over its teachers, from their provenance), `teacher_disagrees_transfer` on the task's transfer "
+    "set (unseen factor values, which a transfer student learns only from its teacher's targets; the relabel "
+    "control from that teacher's predictions permuted within each factor value and class; the oracle from the "
+    "true labels). `acc_id`, `acc_ood`: accuracy in and out of distribution, seed mean with its seed-level t "
+    "interval (`_lo`, `_hi`). `agree_<teacher>`: share of test items predicted like its own teacher of that type "
+    "(seed mean); `agree_ood_<teacher>`: the same on the out-of-distribution slice; `agree_wrong_<teacher>`: on "
+    "the items that teacher gets wrong, where only an inherited bias makes a student agree (a label-trained model "
+    "agrees there by chance or by a shared error), `agree_ood_wrong_<teacher>` on the unseen items it gets wrong. "
+    "Seed-level intervals of every agreement: the distillation agreement table; paired contrasts with CIs: the "
+    "ledger (the `teachers/ood` rows: the unseen items one teacher type gets right and the other wrong, by "
+    "majority over each type's teachers).")
 
 
 def distillation_tables(inp: Inputs, out: Path, config: dict) -> dict[str, str]:
