@@ -7,8 +7,10 @@
   MLflow store untouched and ends with the copy's ledger counts.
 - ``bias run-one --arch vit --task alignment [--seed 0] [--steps N] [--lr X]``: one run of the main grid
   through the train stage's own code (:func:`pipeline.experiment.fit`), in this process, on the data the data
-  and slice stages wrote; it prints what the run measured and writes nothing the pipeline reads (no MLflow run,
-  no DVC output). The cell's tuned learning rate is used when the tune stage has run.
+  and slice stages wrote (on a fresh clone it runs those stages first, and the teachers for a student: DVC
+  outputs like any ``dvc repro``; ``--no-build`` refuses instead); it prints what the run measured and writes
+  nothing else the pipeline reads (no MLflow run, no run folder). The cell's tuned learning rate is used when the
+  tune stage has run.
 - ``bias profile [NAME [DVC ARGS]]``: ``params.yaml`` with ``profiles/NAME.yaml`` laid over it, its whole study
   in ``.profiles/NAME/``, its report in ``reports/NAME/``; with no name, every profile and what it is.
 - ``bias ui [--port 5000]``: the MLflow UI on this repository's store, after each experiment's link on its address.
@@ -200,6 +202,15 @@ def run_spec(params, arch: str, task: str, seed: int, out: Path, lrs: dict):
     return by_seed[seed]
 
 
+def build(targets: list[str], who: str) -> None:
+    """Run the DVC stages a command reads (a task's data and slices: seconds; the teachers: minutes), with their
+    own output; a one-line error if DVC fails."""
+    print(f"{who}: building what it reads first: dvc repro {' '.join(targets)}", flush=True)
+    done = subprocess.run([_bin("dvc"), "repro", *targets], env=_env())
+    if done.returncode:
+        raise StageError(f"dvc repro {' '.join(targets)} failed (exit {done.returncode}; its output is above)")
+
+
 def run_one(args: argparse.Namespace) -> int:
     from pipeline.experiment import Job, fit
     params = load_params(args.params)
@@ -212,9 +223,11 @@ def run_one(args: argparse.Namespace) -> int:
         needs = [(spec.data_dir, f"slice@{args.task}"), (spec.slices_dir, f"slice@{args.task}")]
         needs += [(spec.teacher_dir, "teacher")] if spec.teacher_dir else []
         if missing := [(need, target) for need, target in needs if not need.exists()]:
-            targets = " ".join(dict.fromkeys(target for _, target in missing))
-            raise StageError(f"{missing[0][0]}: missing; run `dvc repro {targets}` first (the stages this cell "
-                             "reads, not the whole study)")
+            targets = list(dict.fromkeys(target for _, target in missing))
+            if args.no_build:
+                raise StageError(f"{missing[0][0]}: missing; run `dvc repro {' '.join(targets)}` first (the stages "
+                                 "this cell reads, not the whole study)")
+            build(targets, "run-one")
         if args.steps:
             spec = replace(spec, key=replace(spec.key, steps=args.steps))
         if args.lr:
@@ -276,6 +289,8 @@ def parser() -> argparse.ArgumentParser:
     o.add_argument("--lr", type=float, help="instead of the cell's tuned learning rate")
     o.add_argument("--params", default="params.yaml")
     o.add_argument("--out", help="keep the run's checkpoints and summary.json here (default: discarded)")
+    o.add_argument("--no-build", action="store_true", help="refuse instead of running the DVC stages (data, "
+                   "slices, teachers) the cell reads when they are missing")
     o.set_defaults(fn=run_one)
     d = sub.add_parser("pair", help="one paired ledger row's two arms for N seeds, nothing recorded: the paired "
                                      "difference per seed, its mean and interval, beside the committed ledger's")

@@ -57,11 +57,24 @@ def test_run_one_refuses_what_the_grid_lacks_in_one_line(tmp_path, monkeypatch, 
                        (("--arch", "vit", "--task", "alignment", "--steps", "0"), "--steps 0: must be a positive"),
                        (("--arch", "vit", "--task", "alignment", "--lr", "nan"), "--lr nan: must be a positive"),
                        (("--arch", "vit", "--task", "alignment", "--lr", "inf"), "--lr inf: must be a positive")]:
-        code = cli.main(["run-one", *args])
+        code = cli.main(["run-one", *args, "--no-build"])
         err = capsys.readouterr().err
         assert code == 2 and err.startswith("error: ") and says in err, (args, err)
         assert len(err.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]  # nothing written
+
+
+@pytest.mark.slow  # dvc repro of two stages and a training process
+def test_run_one_on_a_fresh_clone_builds_the_stages_its_cell_reads(make_tiny_repo):
+    """After `make` alone (nothing reproduced), run-one runs the cell's data and slice stages through DVC, then
+    trains; the study's other stages stay unrun."""
+    repo = make_tiny_repo("fresh")
+    proc = bias(repo, "run-one", "--arch", "vit", "--task", "alignment", "--steps", "4")
+    assert proc.returncode == 0, proc.stderr
+    assert "run-one: building what it reads first: dvc repro slice@alignment" in proc.stdout
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["steps_done"] == 4
+    assert (repo / "data/slices/alignment/indices.npz").is_file() and not (repo / "data/runs").exists()
+    assert not (repo / "data/tasks/relation").exists()  # only what the cell reads
 
 
 def test_pair_reproduces_the_ledger_row_and_records_nothing(copy_reproduced_repo):
