@@ -81,7 +81,7 @@ def sureness(label: str, lead: pd.Series) -> str:
 
 
 def finding_lines(ledger: pd.DataFrame, level: str) -> list[str]:
-    """One line per finding: the lead minimal pair, what it isolates, its estimate and interval, how sure."""
+    """One line per finding: the lead row in words, its minimal pair, estimate and interval, how sure."""
     out = []
     for name, group, lead in leads(ledger)[:MAX_FINDINGS]:
         label = finding_status(name, group, lead)["label"]
@@ -89,7 +89,8 @@ def finding_lines(ledger: pd.DataFrame, level: str) -> list[str]:
         measured = "an exact check" if lead.kind == "exact" else f"{lead.subset} accuracy"
         effect = (f"{_signed(lead.estimate)} [{_signed(lead.ci_lo)}, {_signed(lead.ci_hi)}]"
                   if pd.notna(lead.estimate) and pd.notna(lead.ci_lo) else "no estimate")
-        out.append(f"- **{name}**, {lead.isolates}: {pair} on {lead.task} ({measured}) "
+        what = lead.get("label") if isinstance(lead.get("label"), str) and lead.get("label") else lead.isolates
+        out.append(f"- **{name}**, {what}: {pair} on {lead.task} ({measured}) "
                    f"{effect}{f' ({level}% interval)' if level and effect != 'no estimate' else ''}; "
                    f"{sureness(label, lead)}.")
     return out

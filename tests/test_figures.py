@@ -117,18 +117,23 @@ def test_cell_heat_map_writes_numbers_and_k_of_n():
     assert "alignment\nfloor 0.39" in text
 
 
-def test_learning_curves_take_every_logged_loss_point():
-    records = [{"source": "runs", "task": "alignment", "arch": "vit", "seed": s,
+def test_learning_curves_are_small_multiples_per_family():
+    """Every logged point is read (loss at each step, validation at each check); the figure is one panel per
+    (task, family): a family's own lines in colour, the other families' in grey behind."""
+    records = [{"source": "runs", "task": "alignment", "arch": arch, "seed": s,
                 "series": [{"step": k, "train/loss": 1.0 / (k + 1)} for k in range(0, 100, 2)],
                 "curve": [{"step": 50, "train_loss": 0.1, "val_acc": 0.4}, {"step": 100, "val_acc": 0.6}]}
-               for s in (0, 1)] + [{"source": "teachers", "task": "alignment", "arch": "resnet", "seed": 0,
-                                    "curve": [{"step": 50, "val_acc": 0.9}]}]
+               for s in (0, 1) for arch in ("vit", "resnet")] + [
+        {"source": "teachers", "task": "alignment", "arch": "resnet", "seed": 0,
+         "curve": [{"step": 50, "val_acc": 0.9}]}]
     hist = fig.history_points(records)
-    assert len(hist[hist.metric == "train/loss"]) == 100 and len(hist[hist.metric == "val/acc"]) == 4
+    assert len(hist[hist.metric == "train/loss"]) == 200 and len(hist[hist.metric == "val/acc"]) == 8
     figure = fig.learning_figure(hist)
-    loss_ax, acc_ax = figure.axes[:2]
-    assert len(loss_ax.get_lines()[0].get_xdata()) == 50  # seed mean at every logged step, not 5 samples
-    assert (loss_ax.get_ylabel(), acc_ax.get_ylabel()) == ("training loss", "validation accuracy")
+    vit_ax, resnet_ax = figure.axes[:2]
+    assert (vit_ax.get_title(), resnet_ax.get_title()) == ("vit", "resnet")
+    coloured = [line for line in vit_ax.get_lines() if line.get_color() != "0.85"]
+    assert len(coloured) == 1 and list(coloured[0].get_xdata()) == [50, 100]  # seed mean at every validation
+    assert len(vit_ax.get_lines()) == 2 and vit_ax.get_ylabel() == "alignment\nval accuracy"
 
 
 def test_size_points_fall_back_to_the_main_size_cells():

@@ -26,7 +26,8 @@ def _contrasts(path: Path) -> tuple[dict, ...]:
     for r in pd.read_csv(path, dtype=str, keep_default_na=False).to_dict("records"):
         prefix = r["id"].split(".")[0]
         finding, tasks = ("distillation", None) if prefix == "distill" else (prefix, (prefix,))
-        rows.append({"id": r["id"], "finding": finding, "a": r["a"], "b": r["b"], "tasks": tasks,
+        rows.append({"id": r["id"], "label": r.get("label") or r["id"], "finding": finding, "a": r["a"], "b": r["b"],
+                     "tasks": tasks,
                      "subset": r["subset"], "expect": r["expect"], "isolates": r["isolates"],
                      "margin": float(r["margin"]), "margin_reason": r["margin_reason"],
                      "sesoi": float(r["sesoi"]), "sesoi_reason": r["sesoi_reason"],
@@ -57,12 +58,13 @@ FLOOR_ROWS_REGISTERED = "2026-12-06T06:42:08Z"
 
 # Predicted "at the shortcut floor" (one arm vs the task's floor; `exclude` = baselines that are the arm itself).
 FLOOR_ROWS = (
-    {"id": "reach.swin_local", "finding": "relation", "a": "swin_local", "tasks": ("relation",),
+    {"id": "reach.swin_local", "label": "one-stage windows at the floor, marks in different windows",
+     "finding": "relation", "a": "swin_local", "tasks": ("relation",),
      "subset": "slice/window=cross", "exclude": (), "learned_on": "slice/window=same",
      "isolates": "reachability: one windowed stage without shift never joins marks in different windows",
      "registered": FLOOR_ROWS_REGISTERED, **FLOOR_MARGIN},
-    {"id": "floor.nomix", "finding": "floors", "a": "nomix", "tasks": ("alignment", "scale", "relation",
-                                                                        "arrangement", "natural"),
+    {"id": "floor.nomix", "label": "no token mixing at the floor", "finding": "floors", "a": "nomix",
+     "tasks": ("alignment", "scale", "relation", "arrangement", "natural"),
      "subset": "test", "exclude": ("nomix",), "isolates": "no token mixing at all",
      "registered": FLOOR_ROWS_REGISTERED, **FLOOR_MARGIN},
 )
@@ -127,7 +129,8 @@ def plan(params) -> list[dict]:
         rows += [{**f, "id": f"{f['id']}.{task}", "task": task, "b": "floor", "kind": "floor", "expect": "<="}
                  for task in f["tasks"] if task in conf.get(f["a"], ())]
     if "arrangement" in conf.get("vit_nopos", ()):
-        rows.append({"id": "exact.vit_nopos.twins", "finding": "arrangement", "a": "vit_nopos", "b": "",
+        rows.append({"id": "exact.vit_nopos.twins", "label": "position-free ViT cannot tell twins apart (exact)",
+                     "finding": "arrangement", "a": "vit_nopos", "b": "",
                      "task": "arrangement", "subset": "test", "kind": "exact", "expect": "= 0.5",
                      "claim": "vit_nopos: twin-pair accuracy = 0.5 exactly, twin logits equal",
                      "isolates": "no position + mean readout: permutation-invariant logits, twins are permutations"})
@@ -150,8 +153,10 @@ def budget_rows(runs: pd.DataFrame, config: dict) -> list[dict]:
         for steps, mode in sorted(alts.itertuples(index=False, name=None), key=str):
             if (steps, mode) == main:
                 continue
+            budgets = (f"{int(steps)} steps ({mode}-matched) vs {int(config['steps'])} "
+                       f"({config['budget_mode']}-matched)")
             rows.append({"id": f"budget.{arch}.{task}.{mode}{int(steps)}", "finding": "budget", "a": arch,
                          "b": arch, "a_cfg": {"steps": steps, "budget_mode": mode}, "task": task, "subset": "test",
-                         "kind": "paired", "expect": "+", "isolates": f"training budget: {int(steps)} steps "
-                         f"({mode}-matched) vs {int(config['steps'])} ({config['budget_mode']}-matched)"})
+                         "kind": "paired", "expect": "+", "label": f"{arch}, {budgets}, {task}",
+                         "isolates": f"training budget: {budgets}"})
     return rows

@@ -19,6 +19,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from pipeline.archs import ARCHS  # noqa: E402
 from pipeline.families import PLOT_COLOUR  # noqa: E402
@@ -140,7 +141,7 @@ def _verdict_note(r) -> str:
     reason = getattr(r, "reason", None)
     if isinstance(reason, str) and reason.strip():
         text = reason.strip()
-        return f"{v}: {text[:38]}{'...' if len(text) > 38 else ''}"
+        return f"{v}: {text[:70]}{'...' if len(text) > 70 else ''}"
     if v == "inconclusive" and seeds == seeds and seeds is not None and str(seeds).strip():
         # the ledger's needs_seeds is text: "12", ">200", "2+ (one seed: ...)"
         return f"{v} (needs {str(seeds).split(' (')[0]} seeds)"
@@ -155,7 +156,7 @@ def ledger_figure(led: pd.DataFrame, margin: float):
         return None
     ys, headers = ledger_layout(rows)
     height = 0.19 * (ys[-1] + 2) + 1.3
-    fig, ax = plt.subplots(figsize=(9.5, height), layout="constrained")
+    fig, ax = plt.subplots(figsize=(13, height), layout="constrained")
     margins = pd.to_numeric(rows["margin"], errors="coerce").fillna(margin) if "margin" in rows else \
         pd.Series(margin, index=rows.index)
     for y, r, m in zip(ys, rows.itertuples(), margins, strict=True):
@@ -168,7 +169,11 @@ def ledger_figure(led: pd.DataFrame, margin: float):
         ax.annotate(_verdict_note(r), (1.01, y), xycoords=("axes fraction", "data"), va="center", fontsize=8,
                     color="0.55" if grey else "0.15", annotation_clip=False)
     ax.axvline(0, color="0.2", lw=1)
-    ax.set_yticks(ys, list(rows["id"]))
+    labels = rows["label"].where(rows["label"].notna() & (rows["label"] != ""), rows["id"]) if "label" in rows \
+        else rows["id"]
+    tasks = rows["task"] if "task" in rows else pd.Series("", index=rows.index)
+    ax.set_yticks(ys, [f"{lab} ({task})" if task and str(task) not in str(lab) else str(lab)
+                       for lab, task in zip(labels, tasks, strict=True)])
     for label, r in zip(ax.get_yticklabels(), rows.itertuples(), strict=True):
         label.set_color("0.55" if str(r.verdict) in GREY_VERDICTS else "0.1")
     for y, finding in headers:
@@ -190,6 +195,33 @@ def ledger_figure(led: pd.DataFrame, margin: float):
                for v in seen for s in [VERDICT_STYLE.get(v, OTHER_VERDICT)]]
     handles.append(Patch(color=MARGIN_COLOUR, alpha=0.35, label="equivalence margin"))
     fig.legend(handles=handles, loc="outside upper center", ncols=len(handles), frameon=False)
+    return fig
+
+
+def leads_figure(leads: pd.DataFrame, margin: float):
+    """One row per finding: its lead row's estimate with the 95% CI, labelled in words ("finding: what it
+    compares"), the equivalence margin shaded, the finding's status on the right; the full ledger figure follows."""
+    if leads.empty:
+        return None
+    rows = leads.copy()
+    for c in ("estimate", "ci_lo", "ci_hi", "margin"):
+        rows[c] = pd.to_numeric(rows[c], errors="coerce")
+    fig, ax = plt.subplots(figsize=(11, 0.42 * len(rows) + 1.2), layout="constrained")
+    for y, r in enumerate(rows.itertuples()):
+        st = VERDICT_STYLE.get(str(r.verdict), OTHER_VERDICT)
+        m = r.margin if r.margin == r.margin else margin
+        ax.fill_betweenx([y - 0.35, y + 0.35], -m, m, color=MARGIN_COLOUR, alpha=0.18, lw=0)
+        if r.estimate == r.estimate:
+            err = None if r.ci_lo != r.ci_lo else [[max(r.estimate - r.ci_lo, 0)], [max(r.ci_hi - r.estimate, 0)]]
+            ax.errorbar([r.estimate], [y], xerr=err, marker=st["marker"], ms=7, capsize=3, lw=1.6,
+                        color=st["color"], mfc=st["color"] if st["filled"] else "white", mec=st["color"], mew=1.4)
+        ax.annotate(r.status, (1.01, y), xycoords=("axes fraction", "data"), va="center", fontsize=FONT,
+                    color="0.15", annotation_clip=False)
+    ax.axvline(0, color="0.2", lw=1)
+    ax.set_yticks(range(len(rows)), [f"{r.finding}: {r.label}" for r in rows.itertuples()], fontsize=FONT)
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.grid(axis="x", alpha=GRID_ALPHA)
+    ax.set_xlabel("lead row's estimate, accuracy points (a - b, or a - shortcut floor); 95% CI; shaded: margin")
     return fig
 
 
@@ -257,10 +289,10 @@ def _factor_extra(floor, shade, shade_label, vlines) -> list:
 
 def factor_figure(curve: pd.DataFrame, xlabel: str, title: str, floor: float | None = None,
                   shade: tuple[float, float] | None = None, shade_label: str = "training range",
-                  vlines: tuple[tuple[float, str], ...] = (), panels: bool = False):
+                  vlines: tuple[tuple[float, str], ...] = (), panels: bool = False, integer: bool = False):
     """Test accuracy vs one factor, one line per architecture (measurement); dotted: the shortcut floor.
     ``panels``: one panel per family, the DeiT students apart (:func:`panel`; the others in light grey behind),
-    so many lines stay apart."""
+    so many lines stay apart. ``integer``: a factor that takes whole values only gets whole ticks."""
     if curve.empty:
         return None
     archs = _sorted_archs(curve)
@@ -282,6 +314,8 @@ def factor_figure(curve: pd.DataFrame, xlabel: str, title: str, floor: float | N
             ax.set_title(f"{fam} family", fontsize=FONT)
     for ax in list(axes.flat)[len(groups):]:
         ax.set_axis_off()
+    if integer:
+        axes[0, 0].xaxis.set_major_locator(MaxNLocator(integer=True))  # shared x: every panel's ticks
     fig.supxlabel(xlabel, fontsize=FONT)
     fig.supylabel(CI_LABEL, fontsize=FONT)
     if panels:
@@ -392,28 +426,36 @@ def history_points(records: list[dict], source: str = "runs") -> pd.DataFrame:
 
 
 def learning_figure(hist: pd.DataFrame):
-    """One row per task: training loss and validation accuracy vs optimizer step, seed mean per architecture,
-    every logged point (measurement). Tall rather than wide, so a plot viewer that fits the width shows it whole."""
-    if hist.empty:
+    """Validation accuracy vs optimizer step as small multiples: one row per task, one column per family (the
+    DeiT students apart, :func:`panel`), the family's architectures in colour over the others in light grey; seed
+    mean, every validation (measurement). Training loss per run: MLflow."""
+    val = hist[hist.metric == "val/acc"] if len(hist) else hist
+    if val.empty:
         return None
-    tasks = sorted(hist.task.unique())
-    fig, axes = plt.subplots(len(tasks), 2, figsize=(9, 2.4 * len(tasks) + 0.6), squeeze=False,
-                             layout="constrained")
+    tasks, groups = sorted(val.task.unique()), _panel_groups(_sorted_archs(val))
+    fig, axes = plt.subplots(len(tasks), len(groups), figsize=(2.3 * len(groups) + 1.6, 1.9 * len(tasks) + 0.8),
+                             squeeze=False, sharex=True, sharey=True, layout="constrained")
+    means = {(t, a): g.groupby("step")["value"].mean() for (t, a), g in val.groupby(["task", "arch"])}
     for i, task in enumerate(tasks):
-        for j, (metric, label) in enumerate((("train/loss", "training loss"), ("val/acc", "validation accuracy"))):
+        for j, (family, archs) in enumerate(groups):
             ax = axes[i, j]
-            sub = hist[(hist.task == task) & (hist.metric == metric)]
-            for arch in _sorted_archs(sub) if len(sub) else []:
-                m = sub[sub.arch == arch].groupby("step")["value"].mean()
-                ax.plot(m.index, m.values, lw=1, color=colour(arch))
-            ax.set_title(f"{task}: {label}")
-            ax.set_ylabel(label)
+            for (t, arch), m in means.items():
+                if t == task and arch not in archs:
+                    ax.plot(m.index, m.values, lw=0.7, color="0.85", zorder=1)
+            for arch in archs:
+                if (task, arch) in means:
+                    m = means[task, arch]
+                    ax.plot(m.index, m.values, lw=1.2, color=colour(arch), zorder=2)
+            ax.set_ylim(-0.02, 1.02)
             ax.grid(alpha=GRID_ALPHA)
-            if j == 1:
-                ax.set_ylim(-0.02, 1.02)
+            if i == 0:
+                ax.set_title(family)
+            if j == 0:
+                ax.set_ylabel(f"{task}\nval accuracy")
             if i == len(tasks) - 1:
                 ax.set_xlabel("optimizer step")
-    _legend(fig, _sorted_archs(hist))
+    _legend(fig, _sorted_archs(val))
+    fig.suptitle("validation accuracy per family (grey: the other families)")
     return fig
 
 

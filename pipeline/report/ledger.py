@@ -145,8 +145,9 @@ def decide(table: pd.DataFrame, rp, alpha: float | None = None) -> pd.DataFrame:
     return t.drop(columns=["decided"])
 
 
-COLUMNS = ["id", "finding", "kind", "task", "a", "b", "subset", "expect", "isolates", "margin", "margin_reason",
-           "sesoi", "registered", "registration", "seeds", "items", "estimate", "ci_lo", "ci_hi", "ci_method", "p",
+COLUMNS = ["id", "label", "finding", "kind", "task", "a", "b", "subset", "expect", "isolates", "margin",
+           "margin_reason", "sesoi", "registered", "registration", "seeds", "items", "estimate", "ci_lo", "ci_hi",
+           "ci_method", "p",
            "p_tost", "p_out", "seed_sd", "item_se", "acc_a", "acc_b", "in_a", "in_b", "learned_a", "learned_b",
            "learn_at", "chance", "floor", "floor_baseline", "floor_lo", "floor_hi", "analytic_floor", "floor_bound",
            "reason", "exact", "max_logit_diff", "context", "claim", "detail"]
@@ -228,8 +229,9 @@ def _rows(params, runs: pd.DataFrame, items: cells.Items, floors: dict, disagree
             continue
         row = {**default, **row}
         m = measure(row, runs[(runs.source != "runs") | runs.seed.isin(allowed)], items, config, floors, rp, seed)
-        rows.append({"id": row["id"], "finding": row["finding"], "kind": row["kind"], "task": row["task"],
-                     "a": row["a"], "b": row["b"], "subset": row["subset"], "expect": row["expect"],
+        rows.append({"id": row["id"], "label": row.get("label", row["id"]), "finding": row["finding"],
+                     "kind": row["kind"], "task": row["task"], "a": row["a"], "b": row["b"],
+                     "subset": row["subset"], "expect": row["expect"],
                      "isolates": row["isolates"], "margin": row["margin"], "margin_reason": row["margin_reason"],
                      "sesoi": row.get("sesoi", row["margin"] if row["margin"] > 0 else rp.equivalence_margin),
                      "registered": row.get("registered", ""),

@@ -314,6 +314,28 @@ def natural_tables(inp: Inputs, out: Path, main: pd.DataFrame, size_tab: pd.Data
     }
 
 
+def _why_short(reason: str) -> str:
+    """An uninformative row's gate reason in a few words (the ledger has it whole)."""
+    for says, short in (("a shortcut reaches", "below a shortcut floor"), ("did not learn", "an arm did not learn"),
+                        ("at ceiling", "both at ceiling"), ("at chance", "both at chance")):
+        if says in reason:
+            return short
+    return "uninformative"
+
+
+def lead_rows(led: pd.DataFrame) -> pd.DataFrame:
+    """Each finding's lead row (ledger.leads) with its status in short words: what the leads figure draws."""
+    rows = []
+    for name, group, lead in ledger.leads(led)[:markdown.MAX_FINDINGS]:
+        status = markdown.finding_status(name, group, lead)["label"]
+        short = status.split(" (")[0]
+        if short == "undecided":
+            short += ": " + (lead.verdict if lead.verdict == "inconclusive" else _why_short(str(lead.get("reason"))))
+        label = lead.get("label") if isinstance(lead.get("label"), str) and lead.get("label") else lead["id"]
+        rows.append({**lead.to_dict(), "finding": name, "label": label, "status": short})
+    return pd.DataFrame(rows)
+
+
 def figure_list(inp: Inputs, out: Path, frames: dict) -> dict[str, tuple[str, str]]:
     """Save every figure; returns path -> (title, caption)."""
     t, p = inp.params.tasks, inp.params.geometry.patch_size
@@ -330,6 +352,10 @@ def figure_list(inp: Inputs, out: Path, frames: dict) -> dict[str, tuple[str, st
         io.save_figure(figure, path)
         made[f"figures/{name}.png"] = (title, caption)
 
+    save("leads", fig.leads_figure(lead_rows(frames["ledger"]), inp.params.report.equivalence_margin),
+         "The findings' lead rows", "Each finding's pre-registered lead row: its estimate with the 95% CI (none "
+         "where the row decides nothing: the status says why), the equivalence margin shaded; the marker gives the "
+         "row's verdict as in the ledger figure below.")
     save("ledger", fig.ledger_figure(frames["ledger"], inp.params.report.equivalence_margin),
          "The prediction ledger at a glance", "Every paired and floor row of the [ledger](tables/ledger.md), grouped "
          "by finding: estimate with its 95% CI, 0 marked, the equivalence margin shaded; marker and colour give the "
@@ -355,7 +381,8 @@ def figure_list(inp: Inputs, out: Path, frames: dict) -> dict[str, tuple[str, st
     window_cells = inp.params.models.swin.patch_size * inp.params.models.swin.window_size / p
     save("relation_distance", fig.factor_figure(dist, f"Chebyshev distance between the marks ({p} px cells)",
                                                 "relation: accuracy vs distance", floor.get("relation"),
-                                                vlines=((window_cells, "Swin window (first stage)"),)),
+                                                vlines=((window_cells, "Swin window (first stage)"),),
+                                                integer=True),
          "Accuracy vs distance between the related marks", "Measurement: accuracy per mark distance in patch "
          f"cells; dashed: the Swin window width ({window_cells:g} cells); dotted: shortcut floor.")
     s = frames["slices"]
@@ -369,8 +396,8 @@ def figure_list(inp: Inputs, out: Path, frames: dict) -> dict[str, tuple[str, st
     plot_tables(inp, out, {"alignment_offset": dx_curve(grid, (lo, hi)),
                            "scale_size": size, "relation_distance": dist}, frames["size"], frames["main"])
     save("learning_curves", fig.learning_figure(fig.history_points(inp.records)), "Learning curves",
-         "Measurement: training loss (every logged step) and validation accuracy (every validation) per optimizer "
-         "step, seed mean.")
+         "Measurement: validation accuracy at every validation per optimizer step, seed mean; one row per task, "
+         "one column per family (its architectures in colour, the others grey). Each run's training loss: MLflow.")
     return with_not_run(made, not_run)
 
 
