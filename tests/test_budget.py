@@ -105,6 +105,7 @@ def test_steps_for_flops_matches_a_budget():
         steps_for_flops(target, per_image, 0)
 
 
+@pytest.mark.slow  # a stage, a store, a browser or a long fit: make test, not test-fast
 def test_budget_stage_writes_tables_and_rejects_bad_params(tmp_path, capsys):
     from pipeline.stages.budget import main
 

@@ -229,6 +229,7 @@ def _built(params) -> dict[str, torch.nn.Module]:
     return out
 
 
+@pytest.mark.slow  # a stage, a store, a browser or a long fit: make test, not test-fast
 def test_position_contract_exact_at_training_size_and_shapes_elsewhere():
     from pipeline.interface.study import position_study
     from pipeline.resolution import POSITION_CONTRACT

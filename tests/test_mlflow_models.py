@@ -56,6 +56,7 @@ def test_unaliased_drops_only_a_repeated_value():
     assert tracking.alias("alignment") == "alignment" and tracking.alias("v2") == "task_v2"
 
 
+@pytest.mark.slow  # a stage, a store, a browser or a long fit: make test, not test-fast
 def test_a_run_logs_a_loadable_model_and_a_teacher_registers_once(tmp_path, monkeypatch, capfd):
     """Through StageRun as the record step calls it: the network is a READY logged model (Models tab) linked
     to the run as its output, with the headline metrics; it loads back from ``models:/``, ``runs:/`` and the
@@ -123,6 +124,7 @@ def test_a_run_logs_a_loadable_model_and_a_teacher_registers_once(tmp_path, monk
             torch.testing.assert_close(loaded(x), net(x), msg=where)
 
 
+@pytest.mark.slow  # a stage, a store, a browser or a long fit: make test, not test-fast
 def test_experiment_links_follow_the_server_they_are_served_on(tmp_path):
     """The experiment's description links to its runs view relative to the page (any address, any port); the
     links ``bias ui`` prints carry the address it serves."""

@@ -344,6 +344,7 @@ def test_resnet_keeps_full_resolution_stem(tiny_models):
     assert model.layer1[0].downsample is None  # stem width == first-stage width: no projection needed
 
 
+@pytest.mark.slow  # a stage, a store, a browser or a long fit: make test, not test-fast
 def test_default_widths_land_within_tolerance():
     params = parse_params(REPO_PARAMS)
     table = budget_table(params, params.models.reference_classes)

@@ -113,6 +113,7 @@ def _stage(tmp_path, params_path, out="reports") -> Path:
     return tmp_path / out
 
 
+@pytest.mark.slow  # a stage, a store, a browser or a long fit: make test, not test-fast
 def test_ledger_rows_decided_on_item_paired_differences(tmp_path, params_path):
     out = _stage(tmp_path, params_path)
     led = pd.read_csv(out / "tables" / "ledger.csv").set_index("id")
@@ -138,6 +139,7 @@ def test_ledger_rows_decided_on_item_paired_differences(tmp_path, params_path):
     assert "0.700" in (out / "tables" / "ledger.md").read_text()  # the relation floor beside its rows
 
 
+@pytest.mark.slow  # a stage, a store, a browser or a long fit: make test, not test-fast
 def test_cells_flag_bimodal_and_count_escapes(tmp_path, params_path):
     out = _stage(tmp_path, params_path)
     acc = pd.read_csv(out / "tables" / "accuracy.csv").set_index(["task", "arch"])

@@ -214,6 +214,7 @@ def test_a_budget_replay_counts_its_ledger_and_prices_with_the_studys_runs():
     assert r["study_decisions_lost"] == "a.y.t, floor.f.t"
 
 
+@pytest.mark.slow  # a stage, a store, a browser or a long fit: make test, not test-fast
 def test_the_two_looks_keep_the_family_wise_error_with_the_study_s_own_rows():
     """The whole procedure, selection included, simulated with the committed study's informative rows (their
     per-seed sd, margins and directions) under the global null ("+" rows at 0, "0" rows at their margin), the

@@ -128,6 +128,7 @@ def test_additive_objects_cannot_express_an_interaction():
     assert fit_score(joint[:h], y[:h], joint[h:], y[h:], True)["acc"] == 1.0
 
 
+@pytest.mark.slow  # a stage, a store, a browser or a long fit: make test, not test-fast
 def test_floors_per_slice_on_a_task_with_unseen_offsets():
     params = tiny_repo.repo_params()
     d = TASKS["alignment"].generate(200, 0, params.geometry, params.tasks.alignment)
@@ -142,6 +143,7 @@ def test_floors_per_slice_on_a_task_with_unseen_offsets():
         assert rec["floor_slices"][name] == max(g["acc"] for g in got.values())  # alignment: none sees the factor
 
 
+@pytest.mark.slow  # a stage, a store, a browser or a long fit: make test, not test-fast
 def test_arrangement_counts_no_baseline_that_sees_the_layout():
     """Arrangement's factor is where the glyphs lie: a quadrant-pooled bag or tokens with their position sees it,
     so it is reported but not counted in the floor; its position-free (global) bags are counted."""
@@ -155,6 +157,7 @@ def test_arrangement_counts_no_baseline_that_sees_the_layout():
     assert not sees & {"bag3b_global", "kmeans_global", "tokens_bag"} and rec["floor_baseline"] not in sees
 
 
+@pytest.mark.slow  # a stage, a store, a browser or a long fit: make test, not test-fast
 def test_shortcuts_stage_on_generated_data(tmp_path, capsys):
     arch = {"models": "resnet", "tasks": ["relation"]}
     raw = tiny_repo.params_with({

@@ -117,6 +117,7 @@ def test_git_commit_is_dirty_only_when_what_decides_results_changed(tmp_path, mo
         assert git_commit() == f"{sha}+dirty", rel
 
 
+@pytest.mark.slow  # a stage, a store, a browser or a long fit: make test, not test-fast
 def test_live_runs_open_when_the_worker_starts_and_stream_while_it_trains(tmp_path):
     """A run waiting for a worker has no MLflow run; once the worker stamps its start, the run is opened with that
     start time (its duration is not its wait in the pool) and config.json names it. Points the worker appends
@@ -236,6 +237,7 @@ def test_every_run_logs_its_network_and_datasets(copy_workspace):
     np.testing.assert_allclose(again, logits, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow  # a stage, a store, a browser or a long fit: make test, not test-fast
 def test_a_run_its_stage_left_running_is_ended_by_the_next_stage(tmp_path):
     """A stage that died with a run open, whose checkpoint stamp can no longer name that run (a garbled
     config.json), would leave it RUNNING for good: the next stage of the experiment ends it KILLED, and leaves a

@@ -76,6 +76,7 @@ def one_error_line(capfd) -> str:
     return lines[0]
 
 
+@pytest.mark.slow  # a stage, a store, a browser or a long fit: make test, not test-fast
 def test_truncated_store_is_one_line(store, capfd):
     db, uri, params = store
     db.write_bytes(db.read_bytes()[: db.stat().st_size // 3])  # the SQLite header survives, quick_check does not
@@ -127,6 +128,7 @@ def _read_only_prefix(folder: Path) -> tuple[str, ...]:
     return ("unshare", "-rm", "sh", "-c", f'mount --bind -o ro "{folder}" "{folder}" && exec "$0" "$@"')
 
 
+@pytest.mark.slow  # a stage, a store, a browser or a long fit: make test, not test-fast
 def test_read_only_store_is_refused_before_any_run(store):
     db, uri, params = store
     before = db.read_bytes()
@@ -190,6 +192,7 @@ def test_server_that_is_not_mlflow_or_drops_requests(drop, reason, capfd, monkey
 
 @pytest.mark.parametrize(("error", "status"), [(StageError("cannot write x: disk full"), "FAILED"),
                                                (RuntimeError("a bug"), "FAILED"), (KeyboardInterrupt(), "KILLED")])
+@pytest.mark.slow  # a stage, a store, a browser or a long fit: make test, not test-fast
 def test_failing_stage_leaves_no_run_running(store, error, status):
     db, uri, params = store
 

@@ -51,18 +51,21 @@ def dvc_page_failures(tmp_path) -> tuple[list[str], list[str]]:
 
 
 @chromium
+@pytest.mark.slow  # a stage, a store, a browser or a long fit: make test, not test-fast
 def test_dvc_plots_draw_offline(tmp_path):
     failures, _ = dvc_page_failures(tmp_path)
     assert not failures, "\n".join(failures)
 
 
 @chromium
+@pytest.mark.slow  # a stage, a store, a browser or a long fit: make test, not test-fast
 def test_dvc_plot_legends_list_only_series_with_data(tmp_path):
     _, legends = dvc_page_failures(tmp_path)
     assert not legends, "\n".join(legends)
 
 
 @chromium
+@pytest.mark.slow  # a stage, a store, a browser or a long fit: make test, not test-fast
 def test_cdn_page_is_blank_offline(tmp_path):
     """The check is not vacuous: DVC's default page (vega from the CDN) draws nothing here."""
     page = (ROOT / ".dvc/plots/offline.html").read_text()
