@@ -403,6 +403,35 @@ def size_figure(curve: pd.DataFrame):
     return fig
 
 
+def distillation_figure(table: pd.DataFrame, floors: dict[str, float]):
+    """Out-of-distribution accuracy with its interval per distillation arm and per teacher type, one panel per
+    task that has an OOD slice; teachers first, then students coloured by their teacher type."""
+    if table is None or table.empty or "acc_ood" not in table or table["acc_ood"].isna().all():
+        return None
+    tasks = sorted(table.loc[table["acc_ood"].notna(), "task"].unique())
+    fig, axes = plt.subplots(1, len(tasks), figsize=(6.5 * len(tasks), 0.32 * table.arch.nunique() + 1.6),
+                             squeeze=False, layout="constrained")
+    for ax, task in zip(axes[0], tasks, strict=True):
+        sub = table[(table.task == task) & table["acc_ood"].notna()]
+        sub = pd.concat([sub[sub.source == "teachers"], sub[sub.source != "teachers"].sort_values("arch")])
+        for y, r in enumerate(sub.itertuples()):
+            teacher = r.source == "teachers"
+            c = colour(r.arch if teacher else r.teacher_arch) if (teacher or isinstance(r.teacher_arch, str)) \
+                else "0.35"
+            lo, hi = r.acc_ood_lo, r.acc_ood_hi
+            err = None if lo != lo else [[max(r.acc_ood - lo, 0)], [max(hi - r.acc_ood, 0)]]
+            ax.errorbar([r.acc_ood], [y], xerr=err, marker="s" if teacher else "o", ms=6, capsize=2, color=c,
+                        mfc=c if teacher else "white", mec=c, mew=1.4)
+        ax.set_yticks(range(len(sub)), [f"{r.arch} teachers ({int(r.seeds)})" if r.source == "teachers"
+                                        else r.arch for r in sub.itertuples()])
+        ax.set_ylim(len(sub) - 0.5, -0.5)
+        if (f := floors.get(task)) is not None and f == f:
+            ax.axvline(f, color="0.3", ls=":", lw=1.2)
+        ax.set(title=f"{task}: unseen factor values", xlabel="OOD accuracy (95% CI)")
+        ax.grid(axis="x", alpha=GRID_ALPHA)
+    return fig
+
+
 # --------------------------------------------------------------------------- learning curves
 HISTORY_COLUMNS = ["task", "arch", "seed", "metric", "step", "value"]
 

@@ -185,6 +185,7 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
     note = CELL_NOTE.format(level=rp.confidence, thr=rp.escape_threshold, min_seeds=rp.min_seeds_bimodal)
     if escape := markdown.escape_line(inp.floors, rp.escape_threshold):
         note += f" {escape}"
+    distill_paths, distill_frame = distillation_tables(inp, out, config)
     paths = {
         "accuracy (every cell)": _table(out, "accuracy", "Test accuracy per cell", f"{note}\n\n{floors}", cell_tab,
                                         markdown.accuracy_matrix(main)),
@@ -205,7 +206,7 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
         "budget (counts and measurements)": _table(
             out, "budget", "Budget per run group", "Counts: analytic; wall time, images/s, peak RSS: measured, "
             "seed mean. Teacher compute is charged in full to every student.", agg.budget_table(runs)),
-        **distillation_tables(inp, out, config),
+        **distill_paths,
         "data-size curve": _table(out, "size_curve", "Test accuracy vs training-set size", f"{note}\n\n{floors}",
                                   size_tab, empty="not run (no data-size curve)"),
         "collisions on trained weights": _table(
@@ -217,6 +218,7 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
     }
     paths.update(natural_tables(inp, out, main, size_tab, floors))
     return paths, {"cells": cell_tab, "main": main, "size": size_tab, "slices": slice_tab, "ledger": led,
+                   "distillation": distill_frame,
                    "learnability": learn}
 
 
@@ -237,9 +239,10 @@ DISTILLATION_NOTE = (
     "majority over each type's teachers).")
 
 
-def distillation_tables(inp: Inputs, out: Path, config: dict) -> dict[str, str]:
+def distillation_tables(inp: Inputs, out: Path, config: dict) -> tuple[dict[str, str], pd.DataFrame]:
     """The distillation rows' arms (students, deit_labels, vit) in the main grid beside the teachers: accuracy
-    in and out of distribution, each teacher's disagreement, and every agreement with a teacher."""
+    in and out of distribution, each teacher's disagreement, and every agreement with a teacher. Returns the
+    tables' paths and the attribution frame (the distillation figure draws it)."""
     rp, runs, d = inp.params.report, inp.runs, inp.params.distill
     arms = sorted({c[arm] for c in contrasts.CONTRASTS if c["id"].startswith("distill.") for arm in ("a", "b")})
     taught = sorted({t for teacher in d.teachers for t in d.teacher_tasks(teacher)})
@@ -247,16 +250,16 @@ def distillation_tables(inp: Inputs, out: Path, config: dict) -> dict[str, str]:
                                                               for t in taught)])
     agree = sources.agreements(distilled, arms, taught, inp.items)
     accuracy = cells.slice_accuracy(distilled, inp.items, ("slice/id", "slice/ood"), rp.confidence)
+    table = agg.distillation_table(distilled, agree, accuracy, inp.disagreement, inp.transfer_disagreement)
     return {
         "distillation attribution": _table(
             out, "distillation", "Distillation: accuracy and agreement with each teacher", DISTILLATION_NOTE,
-            agg.distillation_table(distilled, agree, accuracy, inp.disagreement, inp.transfer_disagreement),
-            empty="not run (distillation disabled)"),
+            table, empty="not run (distillation disabled)"),
         "distillation agreement (seed-level intervals)": _table(
             out, "distillation_agreement", "Distillation: agreement with the teacher, with seed-level intervals",
             AGREEMENT_NOTE.format(level=rp.confidence), agg.agreement_table(agree, rp.confidence),
             empty="not run (distillation disabled)"),
-    }
+    }, table
 
 
 def learnability_table(inp: Inputs, config: dict) -> pd.DataFrame:
@@ -391,6 +394,13 @@ def figure_list(inp: Inputs, out: Path, frames: dict) -> dict[str, tuple[str, st
                                             floor.get("relation")),
          "Relation accuracy by window membership", "Measurement: mark pairs inside one Swin window (solid) vs "
          "across windows (hatched), plain and shifted partition; dotted: shortcut floor.")
+    ood_floor = {task: measure.floor_of(inp.floors, task, subset="slice/ood")[0] for task in inp.floors}
+    save("distillation", fig.distillation_figure(frames["distillation"], ood_floor),
+         "Distillation: teachers and students at unseen factor values",
+         "Measurement: out-of-distribution accuracy of every distillation arm (seed mean, seed-level 95% CI over "
+         "(teacher, seed) pairs) and of the teachers (mean over each type's teachers, interval over teachers); a "
+         "student's colour is its teacher type's; dotted: the slice's shortcut floor. The rows that separate the "
+         "teachers' bias from label availability are in the ledger (`distill.*`).")
     save("data_size", fig.size_figure(frames["size"]), "Accuracy vs training-set size",
          "Measurement: the data-size curve runs, mean with a seed-level t interval per training-set size.")
     plot_tables(inp, out, {"alignment_offset": dx_curve(grid, (lo, hi)),
