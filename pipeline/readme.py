@@ -22,6 +22,7 @@ import pandas as pd
 
 from pipeline import profiles
 from pipeline.io import read_json
+from pipeline.report.gate import why_short
 from pipeline.report.ledger import VERDICTS, leads
 from pipeline.report.markdown import MAX_FINDINGS, finding_status
 from pipeline.schemas import REPORT_SUMMARY, REPRO_TIMING
@@ -75,8 +76,8 @@ def sureness(label: str, lead: pd.Series) -> str:
         asks = f"{int(asks)}" if isinstance(asks, float) and asks.is_integer() else str(asks).replace(">", "more than ")
         return f"**undecided**: the interval is too wide on {seeds} seeds; the power calculation asks for {asks}"
     if label.startswith("undecided (lead uninformative"):
-        why = label.removeprefix("undecided (lead uninformative").removeprefix(": ").removesuffix(")")
-        return f"**undecided**: the lead row is uninformative{f' ({why})' if why else ''}"
+        return f"**undecided**: the lead row is uninformative ({why_short(str(lead.get('reason', '')))}; the " \
+               "reports say which arm and floor)"
     return f"**{label}** on {seeds} seeds"
 
 

@@ -142,6 +142,9 @@ def test_uninformative_or_inconclusive_lead_is_undecided():
                        sesoi=0.06)])
     assert st["label"] == "undecided (inconclusive: could detect 0.21 at 3 seeds; >200 seeds for its effect of " \
                           "interest 0.06)"
+    st = _status([_row("alignment.stride.alignment", "inconclusive", needs_seeds=">200", seeds=3, detectable=1.99,
+                       sesoi=0.06)])  # a power too low to see even the whole scale says so, not "could detect 1.99"
+    assert "no effect within the accuracy scale detectable at 3 seeds" in st["label"]
     text = markdown.findings(pd.DataFrame([_row("alignment.stride.alignment", "uninformative", reason=why)]))[0]
     assert text.startswith("**alignment: undecided.** alignment.stride.alignment: not stated") and \
         f"Why undecided: lead uninformative: {why}." in text  # plain words first, the reason after

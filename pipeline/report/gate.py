@@ -79,3 +79,12 @@ def below_floor(row: dict, m: dict) -> list[str]:
     return [f"a shortcut reaches {m.get('floor_slice', row['subset'])}: {m['floor_baseline']} {floor:.3f} "
             f"({', '.join(short)}; needs "
             f">= {need:.3f})"]
+
+
+def why_short(reason: str) -> str:
+    """An uninformative row's gate reason in a few words (the ledger has it whole): what stopped it first."""
+    for says, short in (("a shortcut reaches", "below a shortcut floor"), ("did not learn", "an arm did not learn"),
+                        ("at ceiling", "both at ceiling"), ("at chance", "both at chance")):
+        if says in reason:
+            return short
+    return "uninformative"

@@ -169,7 +169,8 @@ def inconclusive_text(r) -> str:
     """What an inconclusive row could and could not see: the smallest effect it had the power to detect at its
     seeds, and the seeds its smallest effect of interest asks for."""
     det = getattr(r, "detectable", float("nan"))
-    could = f"could detect {det:.3g} at {r.seeds} seeds; " if det == det else ""
+    could = "" if det != det else f"could detect {det:.3g} at {r.seeds} seeds; " if det <= 1 else \
+        f"no effect within the accuracy scale detectable at {r.seeds} seeds; "  # power too low for any effect
     ses = getattr(r, "sesoi", float("nan"))
     return f"inconclusive ({could}{r.needs_seeds} seeds for its effect of interest {ses:.3g})" if ses == ses \
         else f"inconclusive ({could}needs {r.needs_seeds} seeds)"

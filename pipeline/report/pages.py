@@ -22,6 +22,7 @@ from pipeline.report import (
     cells,
     collisions,
     contrasts,
+    gate,
     learnability,
     ledger,
     markdown,
@@ -317,15 +318,6 @@ def natural_tables(inp: Inputs, out: Path, main: pd.DataFrame, size_tab: pd.Data
     }
 
 
-def _why_short(reason: str) -> str:
-    """An uninformative row's gate reason in a few words (the ledger has it whole)."""
-    for says, short in (("a shortcut reaches", "below a shortcut floor"), ("did not learn", "an arm did not learn"),
-                        ("at ceiling", "both at ceiling"), ("at chance", "both at chance")):
-        if says in reason:
-            return short
-    return "uninformative"
-
-
 def lead_rows(led: pd.DataFrame) -> pd.DataFrame:
     """Each finding's lead row (ledger.leads) with its status in short words: what the leads figure draws."""
     rows = []
@@ -333,7 +325,8 @@ def lead_rows(led: pd.DataFrame) -> pd.DataFrame:
         status = markdown.finding_status(name, group, lead)["label"]
         short = status.split(" (")[0]
         if short == "undecided":
-            short += ": " + (lead.verdict if lead.verdict == "inconclusive" else _why_short(str(lead.get("reason"))))
+            reason = str(lead.get("reason"))
+            short += ": " + (lead.verdict if lead.verdict == "inconclusive" else gate.why_short(reason))
         label = lead.get("label") if isinstance(lead.get("label"), str) and lead.get("label") else lead["id"]
         rows.append({**lead.to_dict(), "finding": name, "label": label, "status": short})
     return pd.DataFrame(rows)
