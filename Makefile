@@ -29,7 +29,7 @@ lock:  ## install what pyproject.toml asks for and pin it in constraints.txt
 	  $(BIN)/pip freeze --exclude-editable; } > constraints.txt
 	touch $(STAMP)
 
-repro: $(STAMP)  ## the whole study: dvc repro on params.yaml (about 67 min on 2 cores at 10.9 ms per ViT step; yours: python -m bench.estimate)
+repro: $(STAMP)  ## the whole study: dvc repro on params.yaml (the committed study's time: README; yours: python -m bench.estimate)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc repro
 
 # Two workers: the CI machine has two cores.

@@ -229,7 +229,7 @@ def _built(params) -> dict[str, torch.nn.Module]:
     return out
 
 
-@pytest.mark.slow  # a stage, a store, a browser or a long fit: make test, not test-fast
+@pytest.mark.slow  # over a second idle: make test, not test-fast
 def test_position_contract_exact_at_training_size_and_shapes_elsewhere():
     from pipeline.interface.study import position_study
     from pipeline.resolution import POSITION_CONTRACT
@@ -254,6 +254,7 @@ def test_position_contract_exact_at_training_size_and_shapes_elsewhere():
     assert any("swin at 12 px: every offset keeps its trained bias" in n for n in names)
 
 
+@pytest.mark.slow  # over a second idle: make test, not test-fast
 def test_a_fixed_grid_family_is_refused_at_another_size_naming_the_key():
     from pipeline.resolution import at_resolution
 
@@ -264,6 +265,7 @@ def test_a_fixed_grid_family_is_refused_at_another_size_naming_the_key():
         at_resolution(mixer, "mixer", params, 20)
 
 
+@pytest.mark.slow  # over a second idle: make test, not test-fast
 def test_swin_window_fixed_crops_and_timm_interpolation_would_not_hold():
     from pipeline.families.swin import bias_defect
     from pipeline.resolution import at_resolution
@@ -287,6 +289,7 @@ def test_swin_window_fixed_crops_and_timm_interpolation_would_not_hold():
     assert tuple(big.layers[0].blocks[1].shift_size) == (2, 2) and bias_defect(swin, big) == 0
 
 
+@pytest.mark.slow  # over a second idle: make test, not test-fast
 def test_learned_table_resampled_with_the_named_interpolation_sincos_recomputed():
     from timm.layers import build_sincos2d_pos_embed, resample_abs_pos_embed
 

@@ -230,7 +230,7 @@ def test_early_stops_stay_at_their_step_under_another_cap():
     assert never["early_steps"] is None and expected_steps(never, 3000, "criterion") == 3000
 
 
-@pytest.mark.slow  # a stage, a store, a browser or a long fit: make test, not test-fast
+@pytest.mark.slow  # over a second idle: make test, not test-fast
 def test_estimate_all_prices_every_committed_profile(capsys, monkeypatch):
     from bench import estimate
 
@@ -249,6 +249,7 @@ def test_estimate_all_prices_every_committed_profile(capsys, monkeypatch):
     assert all(f"| {p} " in summary for p in cpu)
 
 
+@pytest.mark.slow  # over a second idle: make test, not test-fast
 def test_a_profile_of_other_images_or_models_is_scaled_by_flops_per_step():
     from bench import estimate
     from pipeline import profiles
@@ -266,7 +267,7 @@ def test_a_profile_of_other_images_or_models_is_scaled_by_flops_per_step():
     assert (scaled.expected_s[vit] > plain.expected_s[vit]).all()
 
 
-@pytest.mark.slow  # a stage, a store, a browser or a long fit: make test, not test-fast
+@pytest.mark.slow  # over a second idle: make test, not test-fast
 def test_gpu_estimate_counts_each_run_s_work():
     from bench import gpu_estimate
     from bench.estimate import forward_flops

@@ -99,6 +99,7 @@ def test_the_plan_continues_informative_inconclusive_rows_within_the_cap():
         "seeds"] == [0, 1, 2, 3, 4, 5, 7]
 
 
+@pytest.mark.slow  # over a second idle: make test, not test-fast
 def test_the_second_look_judges_the_continued_row_on_its_seeds_in_its_own_family():
     """At 5 seeds the row is inconclusive at alpha_1 (0.025: 5 of plan.max_seeds 10); the plan gives it 10; look 2
     decides it on the combination of look 1 and its 5 new seeds (Holm at alpha_2 over every row) and replaces its
@@ -214,7 +215,7 @@ def test_a_budget_replay_counts_its_ledger_and_prices_with_the_studys_runs():
     assert r["study_decisions_lost"] == "a.y.t, floor.f.t"
 
 
-@pytest.mark.slow  # a stage, a store, a browser or a long fit: make test, not test-fast
+@pytest.mark.slow  # over a second idle: make test, not test-fast
 def test_the_two_looks_keep_the_family_wise_error_with_the_study_s_own_rows():
     """The whole procedure, selection included, simulated with the committed study's informative rows (their
     per-seed sd, margins and directions) under the global null ("+" rows at 0, "0" rows at their margin), the

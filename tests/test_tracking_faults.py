@@ -76,7 +76,7 @@ def one_error_line(capfd) -> str:
     return lines[0]
 
 
-@pytest.mark.slow  # a stage, a store, a browser or a long fit: make test, not test-fast
+@pytest.mark.slow  # over a second idle: make test, not test-fast
 def test_truncated_store_is_one_line(store, capfd):
     db, uri, params = store
     db.write_bytes(db.read_bytes()[: db.stat().st_size // 3])  # the SQLite header survives, quick_check does not
@@ -100,6 +100,7 @@ def test_locked_store_is_one_line_after_sqlites_wait(store, capfd):
     assert statuses(uri, params) == {"train": ["FINISHED"], "done": ["FINISHED"]}
 
 
+@pytest.mark.slow  # over a second idle: make test, not test-fast
 def test_held_store_lock_waits_a_bounded_time_and_names_it(store, capfd, monkeypatch):
     db, uri, params = store
     monkeypatch.setattr(mlflow_store, "LOCK_TIMEOUT_S", 0.3)
@@ -128,7 +129,7 @@ def _read_only_prefix(folder: Path) -> tuple[str, ...]:
     return ("unshare", "-rm", "sh", "-c", f'mount --bind -o ro "{folder}" "{folder}" && exec "$0" "$@"')
 
 
-@pytest.mark.slow  # a stage, a store, a browser or a long fit: make test, not test-fast
+@pytest.mark.slow  # over a second idle: make test, not test-fast
 def test_read_only_store_is_refused_before_any_run(store):
     db, uri, params = store
     before = db.read_bytes()
@@ -192,7 +193,7 @@ def test_server_that_is_not_mlflow_or_drops_requests(drop, reason, capfd, monkey
 
 @pytest.mark.parametrize(("error", "status"), [(StageError("cannot write x: disk full"), "FAILED"),
                                                (RuntimeError("a bug"), "FAILED"), (KeyboardInterrupt(), "KILLED")])
-@pytest.mark.slow  # a stage, a store, a browser or a long fit: make test, not test-fast
+@pytest.mark.slow  # over a second idle: make test, not test-fast
 def test_failing_stage_leaves_no_run_running(store, error, status):
     db, uri, params = store
 
