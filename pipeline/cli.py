@@ -202,13 +202,14 @@ def run_spec(params, arch: str, task: str, seed: int, out: Path, lrs: dict):
     return by_seed[seed]
 
 
-def build(targets: list[str], who: str) -> None:
+def build(targets: list[str], who: str, missing: Path) -> None:
     """Run the DVC stages a command reads (a task's data and slices: seconds; the teachers: minutes), with their
-    own output; a one-line error if DVC fails."""
+    own output; a one-line error naming what was missing if DVC fails."""
     print(f"{who}: building what it reads first: dvc repro {' '.join(targets)}", flush=True)
     done = subprocess.run([_bin("dvc"), "repro", *targets], env=_env())
     if done.returncode:
-        raise StageError(f"dvc repro {' '.join(targets)} failed (exit {done.returncode}; its output is above)")
+        raise StageError(f"{missing}: missing, and dvc repro {' '.join(targets)} failed (exit {done.returncode}; "
+                         "its output is above)")
 
 
 def run_one(args: argparse.Namespace) -> int:
@@ -227,7 +228,7 @@ def run_one(args: argparse.Namespace) -> int:
             if args.no_build:
                 raise StageError(f"{missing[0][0]}: missing; run `dvc repro {' '.join(targets)}` first (the stages "
                                  "this cell reads, not the whole study)")
-            build(targets, "run-one")
+            build(targets, "run-one", missing[0][0])
         if args.steps:
             spec = replace(spec, key=replace(spec.key, steps=args.steps))
         if args.lr:
