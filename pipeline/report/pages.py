@@ -333,9 +333,7 @@ def lead_rows(led: pd.DataFrame) -> pd.DataFrame:
 
 
 def figure_list(inp: Inputs, out: Path, frames: dict) -> dict[str, tuple[str, str]]:
-    """Save every figure; returns path -> (title, caption)."""
-    t, p = inp.params.tasks, inp.params.geometry.patch_size
-    floor = {k: v.get("floor") for k, v in inp.floors.items()}
+    """Save every figure; returns path -> (title, caption), in the order the README embeds them."""
     made: dict[str, tuple[str, str]] = {}
     not_run: list[str] = []
 
@@ -348,6 +346,19 @@ def figure_list(inp: Inputs, out: Path, frames: dict) -> dict[str, tuple[str, st
         io.save_figure(figure, path)
         made[f"figures/{name}.png"] = (title, caption)
 
+    floor = {k: v.get("floor") for k, v in inp.floors.items()}
+    _ledger_figures(inp, frames, save, floor)
+    curves = _factor_figures(inp, frames, save, floor)
+    _distillation_and_size_figures(inp, frames, save)
+    plot_tables(inp, out, curves, frames["size"], frames["main"])
+    save("learning_curves", fig.learning_figure(fig.history_points(inp.records)), "Learning curves",
+         "Measurement: validation accuracy at every validation per optimizer step, seed mean; one row per task, "
+         "one column per family (its architectures in colour, the others grey). Each run's training loss: MLflow.")
+    return with_not_run(made, not_run)
+
+
+def _ledger_figures(inp: Inputs, frames: dict, save, floor: dict) -> None:
+    """The lead rows, the whole ledger, and accuracy per cell."""
     save("leads", fig.leads_figure(lead_rows(frames["ledger"]), inp.params.report.equivalence_margin),
          "The findings' lead rows", "Each finding's pre-registered lead row: its estimate with the 95% CI (none "
          "where the row decides nothing: the status says why), the equivalence margin shaded; the marker gives the "
@@ -359,6 +370,11 @@ def figure_list(inp: Inputs, out: Path, frames: dict) -> dict[str, tuple[str, st
     save("accuracy", fig.cell_figure(frames["main"], floor), "Accuracy per architecture and task",
          "Measurement: main grid, mean over seeds x test items and half its seed-level t interval; bold k/n: "
          "seeds reaching the escape threshold where the cell is bimodal; each task's shortcut floor in its header.")
+
+
+def _factor_figures(inp: Inputs, frames: dict, save, floor: dict) -> dict[str, pd.DataFrame]:
+    """Accuracy against each task's factor (offset, size, distance, window); returns the curves DVC plots too."""
+    t, p = inp.params.tasks, inp.params.geometry.patch_size
     grid = cells.offset_grid(inp.runs, inp.items, cells.main_config(inp.runs))  # once: the figure and its CSV
     lo, hi = t.alignment.train_offsets
     save("alignment_offset", fig.offset_figure(grid, (lo, hi)),
@@ -387,6 +403,11 @@ def figure_list(inp: Inputs, out: Path, frames: dict) -> dict[str, tuple[str, st
                                             floor.get("relation")),
          "Relation accuracy by window membership", "Measurement: mark pairs inside one Swin window (solid) vs "
          "across windows (hatched), plain and shifted partition; dotted: shortcut floor.")
+    return {"alignment_offset": dx_curve(grid, (lo, hi)), "scale_size": size, "relation_distance": dist}
+
+
+def _distillation_and_size_figures(inp: Inputs, frames: dict, save) -> None:
+    """Distillation's arms and teachers at unseen factor values, and accuracy vs training-set size."""
     ood_floor = {task: measure.floor_of(inp.floors, task, subset="slice/ood")[0] for task in inp.floors}
     save("distillation", fig.distillation_figure(frames["distillation"], ood_floor),
          "Distillation: teachers and students at unseen factor values",
@@ -396,12 +417,6 @@ def figure_list(inp: Inputs, out: Path, frames: dict) -> dict[str, tuple[str, st
          "teachers' bias from label availability are in the ledger (`distill.*`).")
     save("data_size", fig.size_figure(frames["size"]), "Accuracy vs training-set size",
          "Measurement: the data-size curve runs, mean with a seed-level t interval per training-set size.")
-    plot_tables(inp, out, {"alignment_offset": dx_curve(grid, (lo, hi)),
-                           "scale_size": size, "relation_distance": dist}, frames["size"], frames["main"])
-    save("learning_curves", fig.learning_figure(fig.history_points(inp.records)), "Learning curves",
-         "Measurement: validation accuracy at every validation per optimizer step, seed mean; one row per task, "
-         "one column per family (its architectures in colour, the others grey). Each run's training loss: MLflow.")
-    return with_not_run(made, not_run)
 
 
 def with_not_run(made: dict[str, tuple[str, str]], not_run: list[str]) -> dict[str, tuple[str, str]]:
