@@ -11,8 +11,10 @@ Each baseline maps a task's pool (images, factors) to a feature matrix, and a mu
   a readout can reach when tokens never interact.
 
 A baseline marked ``uses_factor`` sees what the task is about (e.g. a glyph's position on ``arrangement``,
-whose factor is layout); it is reported but does not count towards the floor. The floor is the best accuracy
-of the rest: the null that "no interaction" or "no position" predictions are judged against.
+whose factor is layout); it is reported but does not count towards the floor. A baseline marked ``beside`` is a
+stronger reference shown next to the floor without gating (natural images: the quadrant-pooled bags, a one-layer
+network that knows coarse layout; ``beside_floor``). The floor is the best accuracy of the rest: the null that
+"no interaction" or "no position" predictions are judged against.
 """
 
 from __future__ import annotations
@@ -173,6 +175,11 @@ OBJECTS: dict[str, tuple[str, list[tuple[str, list[list[str]], str, bool]]]] = {
 # Tasks whose factor is where things lie: a baseline that sees position (tokens_pos, a quadrant-pooled bag)
 # sees the factor itself there, so it is reported, not counted in the floor.
 POSITION_IS_FACTOR = {"arrangement"}
+# Where the quadrant-pooled bags are shown beside the floor, not counted in it: on natural images a learner must
+# beat what needs no position at all (raw pixels, position-free bags); a pooled bag of patches is a one-layer
+# network with coarse layout, which a CPU budget cannot clear by a wide margin (issue 55): the report says
+# where an arm sits below it.
+POOLED_BESIDE = {"natural"}
 
 
 def task_baselines(task: str, patch: int, seed: int) -> list[Baseline]:
@@ -212,7 +219,8 @@ def ignores(task: str, name: str) -> str:
     if name in IGNORES:
         return IGNORES[name]
     if name.startswith(("bag", "kmeans")):
-        return POSITION_FREE
+        return POSITION_FREE.replace("lies", "lies within its image quadrant") if name.endswith("_pooled") \
+            else POSITION_FREE
     if name.endswith("_exact"):
         return "any interaction between the groups it adds"
     return OBJECTS[task][0]
@@ -286,7 +294,10 @@ def floors(task: str, images: np.ndarray, labels: np.ndarray, factors: pd.DataFr
         correct = pred == y_test
         baselines[name] = {**score(correct), "uses": uses, "ignores": ignores(task, name), "uses_factor": uses_factor,
                            "slices": {s: score(correct[m]) for s, m in members.items() if m.any()}}
-    counted = {name: r for name, r in baselines.items() if not r["uses_factor"]}
+    for name, r in baselines.items():
+        r["beside"] = task in POOLED_BESIDE and name.endswith("_pooled") and not r["uses_factor"]
+    counted = {name: r for name, r in baselines.items() if not (r["uses_factor"] or r["beside"])}
+    beside = {name: r for name, r in baselines.items() if r["beside"]}
     best = max(counted, key=lambda name: counted[name]["acc"])
     per_slice = {s: max(counted, key=lambda n, s=s: counted[n]["slices"][s]["acc"])
                  for s, m in members.items() if m.any()}
@@ -294,4 +305,12 @@ def floors(task: str, images: np.ndarray, labels: np.ndarray, factors: pd.DataFr
     return {"task": task, "factor": OBJECTS[task][0], "chance": chance, "baselines": baselines,
             "floor": counted[best]["acc"], "floor_baseline": best,
             "floor_slices": {s: counted[n]["slices"][s]["acc"] for s, n in per_slice.items()},
-            "floor_slice_baselines": per_slice}
+            "floor_slice_baselines": per_slice, **_beside_floor(beside)}
+
+
+def _beside_floor(beside: dict) -> dict:
+    """The strongest ``beside`` baseline on test (``beside_floor``, ``beside_baseline``); nothing when none."""
+    if not beside:
+        return {}
+    name = max(beside, key=lambda n: beside[n]["acc"])
+    return {"beside_floor": beside[name]["acc"], "beside_baseline": name}

@@ -272,3 +272,32 @@ def test_exact_additive_readout_reaches_the_optimum_logistic_misses():
     # one group: the majority label of each value (a lookup, exact)
     one = exact_additive([a[:h]], (a[:h] == 2).astype(np.int64), [a[h:]])
     assert (one == (a[h:] == 2)).all()
+
+
+ARRANGEMENT_CELLS = ["row_a", "col_a", "row_b", "col_b"]
+
+
+@pytest.mark.slow  # a stage, a store, a browser or a long fit: make test, not test-fast
+def test_natural_pooled_bags_stand_beside_the_floor_not_in_it():
+    """On natural images the quadrant-pooled bags (coarse layout) are shown beside the floor: the floor is the best
+    position-free or raw baseline, ``beside_floor`` the best pooled one, and the page says which is which."""
+    rng = np.random.default_rng(0)
+    labels = np.repeat([0, 1], 60)
+    images = rng.integers(0, 60, (120, S, S, 3), dtype=np.uint8)
+    for i, y in enumerate(labels):  # the class is where a bright square lies: left half or right half
+        x0 = rng.integers(0, 4) + (0 if y == 0 else 8)
+        images[i, 4:10, x0:x0 + 6] = 250
+    factors = pd.DataFrame({"class": labels.astype(str)})
+    train, test = np.arange(0, 120, 2), np.arange(1, 120, 2)
+    rec = floors("natural", images, labels, factors, train, test, 2, P, 0)
+    beside = {name for name, b in rec["baselines"].items() if b["beside"]}
+    assert beside == {name for name in rec["baselines"] if name.endswith("_pooled")}
+    assert rec["floor_baseline"] not in beside
+    assert rec["floor"] == max(b["acc"] for n, b in rec["baselines"].items() if n not in beside)
+    assert rec["beside_floor"] == max(rec["baselines"][n]["acc"] for n in beside) > 0.9
+    assert rec["baselines"][rec["beside_baseline"]]["acc"] == rec["beside_floor"]
+    page = shortcut_stage.markdown(rec)
+    assert f"Shown beside, not counted: {rec['beside_baseline']}" in page and "beside (coarse layout)" in page
+    other = floors("arrangement", images, labels, factors.assign(**{c: 0 for c in ARRANGEMENT_CELLS}), train, test, 2,
+                   P, 0)
+    assert "beside_floor" not in other and not any(b["beside"] for b in other["baselines"].values())

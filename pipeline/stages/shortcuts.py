@@ -2,8 +2,9 @@
 scored on ``test`` and each of its slices (regularisation chosen on ``val``).
 
 Reads the task's pool (``<data>``) and its splits (``<slices>/indices.npz``); writes ``<out>/floors.json``
-(``task, factor, chance, baselines {name: {acc, n, ci, uses, ignores, uses_factor, slices}}, floor, floor_baseline,
-floor_slices, floor_slice_baselines``; slices: every ``slice/...`` of the splits) or
+(``task, factor, chance, baselines {name: {acc, n, ci, uses, ignores, uses_factor, beside, slices}}, floor,
+floor_baseline, floor_slices, floor_slice_baselines``, and ``beside_floor, beside_baseline`` where a stronger
+reference is shown beside the floor; slices: every ``slice/...`` of the splits) or
 nothing, and a short Markdown table at ``--report``.
 """
 
@@ -62,7 +63,9 @@ def markdown(record: dict) -> str:
     lines = [f"# Shortcut floors: {record['task']}", "",
              f"Factor: {record['factor']}. Chance {record['chance']:.3f}; floor on test **{record['floor']:.3f}** "
              f"({record['floor_baseline']}). Baselines that see the factor are listed but not counted. A row "
-             "decides on a slice only when its winning arm clears that slice's floor (docs/methods.md).", "",
+             "decides on a slice only when its winning arm clears that slice's floor (docs/methods.md)."
+             + (f" Shown beside, not counted: {record['beside_baseline']} **{record['beside_floor']:.3f}** (coarse "
+                "layout; the report says where an arm sits below it)." if "beside_floor" in record else ""), "",
              "| slice | n | floor | baseline | it ignores |", "|---|---|---|---|---|",
              f"| test | {record['baselines'][record['floor_baseline']]['n']} | {record['floor']:.3f} | "
              f"{record['floor_baseline']} | {record['baselines'][record['floor_baseline']].get('ignores', '')} |"]
@@ -75,8 +78,14 @@ def markdown(record: dict) -> str:
     for name, b in record["baselines"].items():
         per = "".join(f"{b['slices'][s]['acc']:.3f} | " for s in shown)
         lines.append(f"| {name} | {b['acc']:.3f} | [{b['ci'][0]:.3f}, {b['ci'][1]:.3f}] | {per}{b['uses']} | "
-                     f"{b.get('ignores', '')} | {'no (sees the factor)' if b['uses_factor'] else 'yes'} |")
+                     f"{b.get('ignores', '')} | {_counted(b)} |")
     return "\n".join(lines) + "\n"
+
+
+def _counted(baseline: dict) -> str:
+    if baseline["uses_factor"]:
+        return "no (sees the factor)"
+    return "beside (coarse layout)" if baseline.get("beside") else "yes"
 
 
 @stage_main
