@@ -75,6 +75,9 @@ def sureness(label: str, lead: pd.Series) -> str:
         asks = lead.needs_seeds
         asks = f"{int(asks)}" if isinstance(asks, float) and asks.is_integer() else str(asks).replace(">", "more than ")
         return f"**undecided**: the interval is too wide on {seeds} seeds; the power calculation asks for {asks}"
+    if label.startswith("smoke"):
+        return "**smoke**: none of its rows is informative at this scale (it counts as no finding; the natural " \
+               "profiles decide it)"
     if label.startswith("undecided (lead uninformative"):
         return f"**undecided**: the lead row is uninformative ({why_short(str(lead.get('reason', '')))}; the " \
                "reports say which arm and floor)"
@@ -85,7 +88,8 @@ def finding_lines(ledger: pd.DataFrame, level: str) -> list[str]:
     """One line per finding: the lead row in words, its minimal pair, estimate and interval, how sure."""
     out = []
     for name, group, lead in leads(ledger)[:MAX_FINDINGS]:
-        label = finding_status(name, group, lead)["label"]
+        status = finding_status(name, group, lead)
+        label = status["label"]
         pair = f"{lead.a} minus {lead.b}" if isinstance(lead.b, str) and lead.b else f"{lead.a}"
         measured = "an exact check" if lead.kind == "exact" else f"{lead.subset} accuracy"
         effect = (f"{_signed(lead.estimate)} [{_signed(lead.ci_lo)}, {_signed(lead.ci_hi)}]"
@@ -93,7 +97,7 @@ def finding_lines(ledger: pd.DataFrame, level: str) -> list[str]:
         what = lead.get("label") if isinstance(lead.get("label"), str) and lead.get("label") else lead.isolates
         out.append(f"- **{name}**, {what}: {pair} on {lead.task} ({measured}) "
                    f"{effect}{f' ({level}% interval)' if level and effect != 'no estimate' else ''}; "
-                   f"{sureness(label, lead)}.")
+                   f"{sureness(label, lead)}{'; ' + status['beside'] if status['beside'] else ''}.")
     return out
 
 

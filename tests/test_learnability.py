@@ -150,6 +150,29 @@ def test_uninformative_or_inconclusive_lead_is_undecided():
         f"Why undecided: lead uninformative: {why}." in text  # plain words first, the reason after
 
 
+def test_natural_reads_smoke_when_no_row_is_informative_and_names_arms_below_the_pooled_floor():
+    """Natural images: no informative row reads "smoke" (no finding: the FINDING pattern of the profile headers
+    does not count it); an informative lead whose arm sits below the pooled floor shown beside says so."""
+    why = "a shortcut reaches test: kmeans_global 0.462 (vit 0.402; needs >= 0.522)"
+    rows = [_row("natural.position.natural", "uninformative", reason=why, task="natural"),
+            _row("natural.resnet_vs_vit.natural", "uninformative", reason=why, task="natural")]
+    g = pd.DataFrame(rows)
+    st = markdown.finding_status("natural", g, g.iloc[0])
+    assert st["label"].startswith("smoke (") and "natural profiles" in st["label"] and st["beside"] == ""
+    text = markdown.findings(g)[0]
+    assert text.startswith("**natural: smoke.**") and "not stated" in text
+    other = pd.DataFrame([_row("alignment.stride.alignment", "uninformative", reason=why)])
+    assert markdown.finding_status("alignment", other, other.iloc[0])["label"].startswith("undecided")
+    seen = dict(task="natural", acc_a=0.70, acc_b=0.59, beside_floor=0.60, beside_baseline="kmeans_pooled")
+    g = pd.DataFrame([_row("natural.resnet_vs_vit.natural", "held", a="resnet", b="vit", **seen)])
+    st = markdown.finding_status("natural", g, g.iloc[0])
+    assert st["label"] == "supported" and st["beside"] == "below the pooled floor kmeans_pooled 0.600: vit 0.590"
+    assert markdown.findings(g)[0].startswith(
+        "**natural: supported (below the pooled floor kmeans_pooled 0.600: vit 0.590).**")
+    g = pd.DataFrame([_row("natural.resnet_vs_vit.natural", "held", **{**seen, "acc_b": 0.61})])
+    assert markdown.finding_status("natural", g, g.iloc[0])["beside"] == ""  # both clear it: nothing to say
+
+
 def test_row_counts_per_type_and_in_words():
     led = pd.DataFrame([_row("alignment.stride.alignment", "held"), _row("alignment.x.alignment", "inconclusive"),
                         _row("alignment.overlap.alignment", "uninformative"),

@@ -150,7 +150,7 @@ COLUMNS = ["id", "label", "finding", "kind", "task", "a", "b", "subset", "expect
            "ci_method", "p",
            "p_tost", "p_out", "seed_sd", "item_se", "acc_a", "acc_b", "in_a", "in_b", "learned_a", "learned_b",
            "learn_at", "chance", "floor", "floor_baseline", "floor_lo", "floor_hi", "analytic_floor", "floor_bound",
-           "reason", "exact", "max_logit_diff", "context", "claim", "detail"]
+           "beside_floor", "beside_baseline", "reason", "exact", "max_logit_diff", "context", "claim", "detail"]
 
 
 def judge(params, runs: pd.DataFrame, items: cells.Items, floors: dict, disagreement: dict,

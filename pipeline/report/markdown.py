@@ -132,12 +132,16 @@ ROW_TYPES = ("paired", "floor", "exact", "budget")
 FINDING_RULE = (
     "How a finding is labelled (pipeline/report/markdown.py: `finding_status`). Only informative rows count "
     "(verdict neither `uninformative` nor `not run`); its lead is the first pre-registered row of its group that "
-    "ran, never picked by outcome. In this order: 'undecided' when the lead is uninformative or inconclusive; "
+    "ran, never picked by outcome. In this order: 'smoke' for natural images when none of its rows is informative "
+    "(it counts as no finding: the natural profiles decide it); 'undecided' when the lead is uninformative or "
+    "inconclusive; "
     "'contradicted' when the lead failed, or when another informative row of the group failed and the finding "
     "does not explain that failure (`pipeline/report/explained.csv` names the rows whose failure a finding's own "
     "explanation predicts, with the reason); 'no effect' when the lead is equivalent; otherwise 'supported' (lead "
-    "held). An explained failure never counts as support. Each finding lists the rows that support it (held), "
-    "contradict it, the failures it explains, and how many of its rows were uninformative (reasons: the ledger).")
+    "held). Where a lead's arm sits below the stronger reference shown beside the floor (natural images: the pooled "
+    "bag of patches), the label says so. An explained failure never counts as support. Each finding lists the rows "
+    "that support it (held), contradict it, the failures it explains, and how many of its rows were uninformative "
+    "(reasons: the ledger).")
 
 
 def verdict_counts(ledger: pd.DataFrame) -> dict[str, int]:
@@ -210,9 +214,26 @@ def explains(finding: str, row_id: str, explained: tuple[dict, ...] = EXPLAINED)
     return None
 
 
+# Findings that read "smoke" where none of their rows is informative, never "undecided", and count as no finding:
+# the CPU default's CIFAR-10 cells sit below the position-free floors, so its natural rows cannot decide anything
+# (issue 55); the natural profiles are where they are meant to be decided.
+SMOKE = {"natural": "see the natural profiles (profiles/natural-cpu.yaml, profiles/natural.yaml)"}
+
+
+def beside_note(lead: pd.Series) -> str:
+    """The lead's arms below the stronger reference shown beside its floor (natural: the quadrant-pooled bag of
+    patches, ``beside_floor``), in words; empty when there is none or both arms clear it."""
+    bf = lead.get("beside_floor", math.nan)
+    if lead.get("kind") != "paired" or not isinstance(bf, float) or bf != bf:
+        return ""
+    low = [f"{arm} {acc:.3f}" for arm, acc in ((lead.a, lead.acc_a), (lead.b, lead.acc_b)) if acc < bf]
+    return f"below the pooled floor {lead.beside_baseline} {bf:.3f}: {', '.join(low)}" if low else ""
+
+
 def finding_status(name: str, group: pd.DataFrame, lead: pd.Series,
                    explained: tuple[dict, ...] = EXPLAINED) -> dict:
-    """The label of one finding and the row ids behind it (the rule: :data:`FINDING_RULE`)."""
+    """The label of one finding and the row ids behind it (the rule: :data:`FINDING_RULE`); ``beside``: where its
+    lead's arms sit below the stronger reference shown beside the floor (:func:`beside_note`)."""
     g = group.assign(is_info=informative(group), is_uninf=uninformative(group))
     # the lead states the finding: its own outcome is never "explained" away
     why = {r.id: None if r.id == lead["id"] else explains(name, r.id, explained) for r in g.itertuples()}
@@ -224,6 +245,8 @@ def finding_status(name: str, group: pd.DataFrame, lead: pd.Series,
     lead_uninf = bool(uninformative(lead.to_frame().T).iloc[0])
     if lead.verdict == "not run":
         label = "not run"
+    elif lead_uninf and name in SMOKE and not g.is_info.any():
+        label = f"smoke (no row of it is informative at this scale; {SMOKE[name]})"
     elif lead_uninf:
         reason = lead.get("reason", "")
         label = f"undecided (lead uninformative{': ' + reason if isinstance(reason, str) and reason else ''})"
@@ -235,7 +258,7 @@ def finding_status(name: str, group: pd.DataFrame, lead: pd.Series,
         label = "no effect (equivalent)"
     else:
         label = "supported"
-    return {"label": label, **out}
+    return {"label": label, "beside": "" if lead_uninf else beside_note(lead), **out}
 
 
 def _ids(ids) -> str:
@@ -252,7 +275,7 @@ def findings(ledger: pd.DataFrame) -> list[str]:
         st = finding_status(name, g, lead)
         label = lead.get("label") if isinstance(lead.get("label"), str) and lead.get("label") else lead["id"]
         pair = f"{lead.a} vs {lead.b or 'exact'}" if lead.kind != "floor" else f"{lead.a} vs shortcut floor"
-        if st["label"].startswith(("undecided (lead", "not run")):
+        if st["label"].startswith(("undecided (lead", "not run", "smoke")):
             measured = "not stated (its lead is not informative)"
         else:
             measured = ci_text(lead.estimate, lead.ci_lo, lead.ci_hi, sign=lead.kind != "exact")
@@ -262,6 +285,7 @@ def findings(ledger: pd.DataFrame) -> list[str]:
         expl = "; ".join(f"`{i}` ({why})" for i, why in st["explained"].items()) or "none"
         short, _, why = st["label"].partition(" (")
         why = f" Why {short}: {why.removesuffix(')')}." if why else ""
+        short += f" ({st['beside']})" if st["beside"] else ""
         out.append(f"**{name}: {short}.** {label}: {measured}.{why} Minimal pair {pair} on {lead.task} (lead "
                    f"`{lead['id']}`, {lead.subset}; isolates {lead.isolates}). Shortcut floor {floor}. Supported by "
                    f"{_ids(st['supports'])}; contradicted by {_ids(st['contradicts'])}; failures it explains: "

@@ -244,8 +244,10 @@ def measure(row: dict, runs: pd.DataFrame, items: cells.Items, config: dict, flo
     chance = chance_of(floors, runs, task)
     fraction = dict(rp.learn_fraction_tasks).get(task, rp.learn_fraction)
     base = learning_floor(floors, task, row.get("learned_on", ""))
+    rec = floors.get(task) or {}  # a stronger reference shown beside the floor (natural: the pooled bags)
     out = {**_empty(row), "floor": floor, "floor_baseline": floor_name, "floor_lo": lo, "floor_hi": hi,
            "analytic_floor": analytic, "floor_bound": bound if row["kind"] == "floor" else math.nan,
+           "beside_floor": float(rec.get("beside_floor", math.nan)), "beside_baseline": rec.get("beside_baseline", ""),
            "chance": chance, "learn_at": learnability.learn_threshold(chance, base, fraction)}
     if row["kind"] == "paired":
         b_rows = cells.select(runs, task, row["b"], config)
