@@ -38,9 +38,11 @@ def pattern_codes(images: np.ndarray, k: int, levels: int) -> np.ndarray:
         q = (np.abs(x - median).max(-1) > FOREGROUND).astype(np.int64)
     else:
         q = (x.mean(-1) * levels // 256).astype(np.int64)
-    windows = sliding_window_view(q, (k, k), axis=(1, 2))  # (N, g, g, k, k)
-    weights = levels ** np.arange(k * k, dtype=np.int64)
-    return windows.reshape(*windows.shape[:3], k * k) @ weights
+    g = q.shape[1] - k + 1
+    codes = np.zeros((len(q), g, g), dtype=np.int64)
+    for i, (dy, dx) in enumerate(itertools.product(range(k), range(k))):  # a window's pixel i has weight levels**i
+        codes += q[:, dy:dy + g, dx:dx + g] * levels**i  # (no N x g x g x k*k copy: 60,000 images fit)
+    return codes
 
 
 def quadrant(g: int) -> np.ndarray:
@@ -74,21 +76,28 @@ def pattern_bag(images: np.ndarray, n_fit: int, k: int, levels: int, pooled: boo
 
 
 # --------------------------------------------------------------------------- bag of learned patches
-def patches(images: np.ndarray, k: int) -> np.ndarray:
-    """(N, H, W, C) -> (N, g, g, k*k*C) float32 contrast-normalised k x k patches (stride 1)."""
-    x = sliding_window_view(images.astype(np.float32) / 255.0, (k, k), axis=(1, 2))  # (N, g, g, C, k, k)
-    x = x.reshape(*x.shape[:3], -1)
+def _normalised(x: np.ndarray) -> np.ndarray:
+    """Patches (..., D) in [0, 1] -> contrast-normalised (mean 0, unit RMS, regularised)."""
     x = x - x.mean(-1, keepdims=True)
     return x / np.sqrt((x**2).mean(-1, keepdims=True) + 0.01)
 
 
+def patches(images: np.ndarray, k: int) -> np.ndarray:
+    """(N, H, W, C) -> (N, g, g, k*k*C) float32 contrast-normalised k x k patches (stride 1)."""
+    x = sliding_window_view(images.astype(np.float32) / 255.0, (k, k), axis=(1, 2))  # (N, g, g, C, k, k)
+    return _normalised(x.reshape(*x.shape[:3], -1))
+
+
 def patch_dictionary(images: np.ndarray, k: int, seed: int, atoms: int = KMEANS_ATOMS,
                      sample: int = KMEANS_SAMPLE) -> np.ndarray:
-    """(atoms, k*k*C) k-means centroids of at most ``sample`` patches drawn from ``images``."""
-    p = patches(images, k)
-    p = p.reshape(-1, p.shape[-1])
+    """(atoms, k*k*C) k-means centroids of at most ``sample`` patches drawn from ``images`` (only the drawn
+    patches are cut out: every patch of 45,000 images would take gigabytes)."""
+    n, g = len(images), images.shape[1] - k + 1
     rng = np.random.default_rng(seed)
-    p = p[rng.choice(len(p), min(sample, len(p)), replace=False)]
+    pick = rng.choice(n * g * g, min(sample, n * g * g), replace=False)
+    i, y, x = np.unravel_index(pick, (n, g, g))
+    windows = sliding_window_view(images, (k, k), axis=(1, 2))  # (N, g, g, C, k, k), a view
+    p = _normalised(windows[i, y, x].reshape(len(pick), -1).astype(np.float32) / 255.0)
     km = MiniBatchKMeans(n_clusters=min(atoms, len(p)), batch_size=2048, n_init=1, max_iter=10, random_state=seed)
     return km.fit(p).cluster_centers_.astype(np.float32)
 

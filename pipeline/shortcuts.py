@@ -20,7 +20,7 @@ network that knows coarse layout; ``beside_floor``). The floor is the best accur
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -193,20 +193,19 @@ def task_baselines(task: str, patch: int, seed: int) -> list[Baseline]:
     return out
 
 
-def bag_features(images: np.ndarray, n_fit: int, seed: int) -> dict[str, tuple[str, np.ndarray]]:
-    """The position-free bags (pipeline/shortcut_bags.py), name -> (what it sees, features); vocabularies and
+def bag_features(images: np.ndarray, n_fit: int, seed: int) -> Iterator[tuple[str, str, np.ndarray]]:
+    """The position-free bags (pipeline/shortcut_bags.py), one at a time: (name, what it sees, features), so that
+    only one bag is held at once (at 60,000 images the eight pattern bags together need ~5 GB); vocabularies and
     the dictionary are learned on the first ``n_fit`` images (the training rows)."""
-    out = {}
     for k, levels in BAGS:
         kind = "binarised" if levels == 2 else f"{levels}-level quantised"
         for pooled in (False, True):
             name = f"bag{k}{'b' if levels == 2 else 'q'}_{'pooled' if pooled else 'global'}"
-            out[name] = (f"counts of {kind} {k}x{k} pixel patterns, {'per image quadrant' if pooled else 'anywhere'}",
-                         pattern_bag(images, n_fit, k, levels, pooled))
+            yield (name, f"counts of {kind} {k}x{k} pixel patterns, {'per image quadrant' if pooled else 'anywhere'}",
+                   pattern_bag(images, n_fit, k, levels, pooled))
     g, p = kmeans_bags(images, n_fit, KMEANS_PATCH, seed)
     for name, where, x in (("kmeans_global", "anywhere", g), ("kmeans_pooled", "per image quadrant", p)):
-        out[name] = (f"{KMEANS_PATCH}x{KMEANS_PATCH} patches coded over a k-means dictionary, summed {where}", x)
-    return out
+        yield name, f"{KMEANS_PATCH}x{KMEANS_PATCH} patches coded over a k-means dictionary, summed {where}", x
 
 
 IGNORES = {"channel_histograms": "every spatial relation", "colour_histogram": "every spatial relation",
@@ -275,14 +274,17 @@ def floors(task: str, images: np.ndarray, labels: np.ndarray, factors: pd.DataFr
     n_tr, n_va = len(train), len(val)
     y_train, y_val, y_test = labels[train], labels[val], labels[test]
     members = {name: np.isin(test, idx) for name, idx in (slices or {}).items()}
-    features = {b.name: (b.uses, b.uses_factor, b.features(im, fac), getattr(b.features, "categorical", False))
-                for b in task_baselines(task, patch, seed)}
-    features |= {name: (uses, name.endswith("_pooled") and task in POSITION_IS_FACTOR, x, False)
-                 for name, (uses, x) in bag_features(im, n_tr, seed).items()}
+    def features():  # one feature matrix at a time: each is fitted, then dropped
+        for b in task_baselines(task, patch, seed):
+            yield b.name, b.uses, b.uses_factor, b.features(im, fac), getattr(b.features, "categorical", False)
+        for name, uses, x in bag_features(im, n_tr, seed):
+            yield name, uses, name.endswith("_pooled") and task in POSITION_IS_FACTOR, x, False
+
     predicted = {}
-    for name, (uses, uses_factor, x, categorical) in features.items():
+    for name, uses, uses_factor, x, categorical in features():
         fit_val = (x[n_tr: n_tr + n_va], y_val) if n_va else (None, None)
         predicted[name] = (uses, uses_factor, fit_predict(x[:n_tr], y_train, x[n_tr + n_va:], categorical, *fit_val))
+        del x, fit_val
     for name, cols, uses, uses_factor in OBJECTS[task][1]:
         if len(cols) > 1:  # the exact optimum of the additive readout, beside its logistic fit
             codes = [fac[c].astype(str).agg("|".join, axis=1).to_numpy() for c in cols]
