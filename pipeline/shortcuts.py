@@ -98,7 +98,9 @@ def tokens_bag(images: np.ndarray, patch: int, seed: int) -> np.ndarray:
     f = patch_features(images, patch, seed)
     pixels = f[..., : patch * patch * images.shape[-1]]
     i, j = np.triu_indices(pixels.shape[-1])
-    return np.concatenate([f.sum(1), (pixels[..., i] * pixels[..., j]).sum(1)], axis=1)
+    # in chunks of images: the products of every image at once take ~2 GB per 10,000 images (CIFAR's 60,000)
+    pairs = np.concatenate([(c[..., i] * c[..., j]).sum(1) for c in np.array_split(pixels, max(1, len(f) // 2000))])
+    return np.concatenate([f.sum(1), pairs], axis=1)
 
 
 def tokens_pos(images: np.ndarray, patch: int, seed: int) -> np.ndarray:
