@@ -253,6 +253,10 @@ def test_floor_flags_and_markdown_one_way():
               "relation": {"floor": 0.6, "floor_baseline": "one_mark", "chance": 0.5}}
     assert markdown.floor_flags(floors) == ["scale"]
     assert "relation 0.600 (one_mark; chance 0.500)" in markdown.floors_line(floors)
+    floors["natural"] = {"floor": 0.53, "floor_baseline": "kmeans_global", "chance": 0.1, "beside_floor": 0.6,
+                         "beside_baseline": "kmeans_pooled"}
+    assert "natural 0.530 (kmeans_global; chance 0.100; beside it, not counted: kmeans_pooled 0.600)" in \
+        markdown.floors_line(floors)
     assert markdown.md_table(pd.DataFrame()) == "_not run_"
 
 

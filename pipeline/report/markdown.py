@@ -43,8 +43,9 @@ def floors_line(floors: dict[str, dict]) -> str:
     """One line with every task's shortcut floor (printed beside every accuracy table)."""
     if not floors:
         return "Shortcut floors: not computed (no data/shortcuts/<task>/floors.json)."
-    parts = [f"{t} {r.get('floor', math.nan):.3f} ({r.get('floor_baseline', '?')}; chance {r.get('chance', 0):.3f})"
-             for t, r in sorted(floors.items())]
+    parts = [f"{t} {r.get('floor', math.nan):.3f} ({r.get('floor_baseline', '?')}; chance {r.get('chance', 0):.3f}"
+             + (f"; beside it, not counted: {r['beside_baseline']} {r['beside_floor']:.3f}" if "beside_floor" in r
+                else "") + ")" for t, r in sorted(floors.items())]
     return "Shortcut floors (best baseline that does not use the task's factor): " + "; ".join(parts) + "."
 
 
