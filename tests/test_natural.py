@@ -298,7 +298,10 @@ def test_natural_level_is_called_a_smoke_test_when_a_vit_sits_near_the_floor():
     cells = pd.DataFrame({"task": "natural", "data_seed": 0, "arch": ["vit", "vit_nopos", "resnet", "deit"],
                           "mean": [0.41, 0.52, 0.44, 0.49]})
     line = evidence_level(cells, floor=0.373)
-    assert line.startswith("**A smoke test, not evidence:** 1 of 3 ViT-family cells") and "vit 0.410" in line
+    assert line.startswith("**A smoke test, not evidence:** the reference ViT sits below the shortcut floor + 0.05")
+    assert "1 of 3 ViT-family cells on CIFAR-10: vit 0.410." in line  # vit_nopos and deit clear 0.423
     assert "resnet" not in line  # a CNN near the floor is not what the line is about
     assert evidence_level(cells.assign(mean=0.9), floor=0.373) == ""
+    # the reference clears the bar: a control below it (vit_nopos, a position row's loser) is a finding, not smoke
+    assert evidence_level(cells.assign(mean=[0.45, 0.40, 0.5, 0.5]), floor=0.373) == ""
     assert evidence_level(cells.iloc[0:0], floor=0.373) == ""
