@@ -61,5 +61,5 @@ def test_the_block_reads_every_committed_profile_report(tmp_path):
         lines = [line for line in readme.block(root).splitlines() if line.startswith("- **")]
         assert lines, report.name
         assert not any("nan" in line.lower().split() or "[nan" in line for line in lines), (report.name, lines)
-        labelled = re.compile(r"\*\*(supported|undecided|contradicted|no effect|not run)")
+        labelled = re.compile(r"\*\*(supported|undecided|contradicted|no effect|not run|smoke)")
         assert all(labelled.search(line) for line in lines), lines
