@@ -13,11 +13,10 @@ phases``), and a profile of other images, models or batch by its FLOPs per step 
 with the tokens, but a CPU's rate per FLOP does not stay put: on the natural slice a swin_local run took 1.7x its
 price). Training stages: the runs' worker-seconds over the workers, times the study's own ratio of training worker
 time to run time (process start, the pool, idle workers at the end); the other stages: the study's times, scaled
-(the second look, ``train_more``, at the study's own time: how many rows it continues is decided by the first
-look's results; a shortcut-floor stage also by the profile's training rows over the study's: :func:`rows_scale`).
-Prints one row per stage, the expected total and an upper bound with every run at its cap. It is an estimate from
-another profile's runs: a profile whose cells learn faster or slower than the study's moves it. A profile for an
-accelerator is left to ``bench.gpu_estimate``.
+(the second look, ``train_more``, at the study's own time: how many rows it continues is decided by the first look's
+results). Prints one row per stage, the expected total and an upper bound with every run at its cap. It is an
+estimate from another profile's runs: a profile whose cells learn faster or slower than the study's moves it. A
+profile for an accelerator is left to ``bench.gpu_estimate``.
 """
 
 from __future__ import annotations
@@ -123,18 +122,10 @@ def estimate(params, timing: dict, factor: float, study=None) -> pd.DataFrame:
     names = set(params.tasks.names)
     # the second look (train_more) is data-dependent: priced at the study's own, and left out without one
     skip = {"total", "tune", "train", "teacher"} | (set() if stats.second_look(params) else {"train_more"})
-    fixed = {stage: s * factor * rows_scale(params, study, stage) for stage, s in timing.items()
-             if isinstance(s, int | float) and stage not in skip and ("@" not in stage or stage.split("@")[1] in names)}
+    fixed = {stage: s * factor for stage, s in timing.items() if isinstance(s, int | float)
+             and stage not in skip and ("@" not in stage or stage.split("@")[1] in names)}
     other = pd.DataFrame({"runs": 0, "expected_s": pd.Series(fixed), "cap_s": pd.Series(fixed)})
     return pd.concat([other, table])
-
-
-def rows_scale(params, study, stage: str) -> float:
-    """A shortcut-floor stage's time scaled by the profile's training rows over the study's: its logistic fits
-    grow with the rows they are fitted on (``train_<train.size>``); the other stages keep the study's time."""
-    if study is None or not stage.startswith("shortcuts@"):
-        return 1.0
-    return params.train.size / study.train.size
 
 
 def this_machine_vit_ms() -> tuple[float, float]:

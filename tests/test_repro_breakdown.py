@@ -208,23 +208,6 @@ def test_tune_trials_are_priced_from_the_study_trials():
     assert table.loc["tune", "expected_s"] == pytest.approx(n_tune * (steps * 0.01 + 1.0) / workers)
 
 
-def test_a_floor_stage_is_priced_by_the_rows_it_fits():
-    # the shortcut floors' fits grow with the training rows: a profile fitting on 45,000 images is not priced at
-    # the study's 4,000; stages that do not fit keep the study's time
-    from bench import estimate
-    from pipeline import profiles
-    from pipeline.config import load_params
-
-    study, params = load_params("params.yaml"), profiles.load("profiles/natural-cpu.yaml")
-    cell = {"ms_per_step": 10.0, "other_s": 1.0, "cap_share": 1.0}
-    timing = {"training": {"worker_s": 1.0, "run_s": 1.0, "cells": {"vit/natural": cell}}, "shortcuts@natural": 100.0,
-              "slice@natural": 1.0}
-    table = estimate.estimate(params, timing, factor=1.0, study=study)
-    ratio = params.train.size / study.train.size
-    assert ratio > 10 and table.loc["shortcuts@natural", "expected_s"] == pytest.approx(100.0 * ratio)
-    assert table.loc["slice@natural", "expected_s"] == pytest.approx(1.0)
-
-
 def test_early_stops_stay_at_their_step_under_another_cap():
     # a criterion stop happens at a step: doubling the cap moves only the runs that ran to it
     import pandas as pd
