@@ -456,7 +456,11 @@ def test_a_winner_below_its_slice_floor_is_not_decided():
     same = {**row, "expect": "0"}
     assert "vit 0.700" in gate.gate(same, above, 0.01)  # an equivalence needs both arms above the floor
     assert gate.gate(same, {**above, "acc_b": 0.9}, 0.01) == ""
-    assert gate.gate({**row, "subset": gate.SPEED}, m, 0.01) == ""  # speeds: no accuracy to hold to a floor
+    # a speed row (how soon each arm reached the criterion) holds its arms' test accuracy to the floor too
+    speed = {**row, "subset": gate.SPEED}
+    reason = gate.gate(speed, {**m, "floor_slice": "test"}, 0.01)  # measure_speed scores the arms on test
+    assert reason.startswith("a shortcut reaches test: bag3b_global 1.000") and "resnet 0.950" in reason
+    assert gate.gate(speed, {**above, "acc_a": 0.99, "acc_b": 0.99}, 0.01) == ""  # at the ceiling: still a question
     solved = gate.gate(row, {**above, "learn_at": 1.0, "in_a": 0.99}, 0.01)
     assert "resnet did not learn" in solved and "a shortcut solves it" in solved  # a learn base at 1.0, named
     # a budget row (one arch under two budgets) is held to the floor too: a longer budget at a shortcut's level

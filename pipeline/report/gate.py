@@ -50,7 +50,7 @@ def gate(row: dict, m: dict, tol: float) -> str:
             reasons += missed
     reasons += below_floor(row, m)
     a, b = m["acc_a"], m["acc_b"]
-    if row["subset"] == SPEED:  # speeds, not accuracies: no ceiling or chance on this scale
+    if row["subset"] == SPEED:  # how soon, not how well: a pair at the accuracy ceiling still has a question
         pass
     elif a >= 1 - tol and b >= 1 - tol:
         reasons.append(f"both at ceiling on {row['subset']}: {a:.3f} and {b:.3f}")
@@ -64,11 +64,12 @@ def gate(row: dict, m: dict, tol: float) -> str:
 def below_floor(row: dict, m: dict) -> list[str]:
     """The gate reason of a paired accuracy row whose predicted winner (a "+" row's ``a``; both arms of an
     "= 0" row) does not clear the compared slice's shortcut floor by the row's margin: "a shortcut reaches
-    <slice>: <baseline> <acc>". Not speed rows (no accuracy) or agreement rows (agreement, not accuracy); budget
+    <slice>: <baseline> <acc>". A speed row too, on its arms' test accuracy (how soon an arm learned says nothing
+    about the factor if a shortcut reaches its level); not agreement rows (agreement, not accuracy); budget
     rows too (one arch under two budgets: a longer budget that only reaches a shortcut's level says nothing about
     the factor). The losing arm of a "+" row may sit below the floor (that is the finding)."""
     floor = m.get("floor", float("nan"))
-    if floor != floor or row["subset"] == SPEED or row["subset"].startswith("agree/"):
+    if floor != floor or row["subset"].startswith("agree/"):
         return []
     acc_a, acc_b = m.get("floor_acc_a", m["acc_a"]), m.get("floor_acc_b", m["acc_b"])  # on the floor's slice
     arms = ((row["a"], acc_a),) if row["expect"] == "+" else ((row["a"], acc_a), (row["b"], acc_b))

@@ -147,8 +147,8 @@ def decide(table: pd.DataFrame, rp, alpha: float | None = None) -> pd.DataFrame:
 
 COLUMNS = ["id", "label", "finding", "kind", "task", "a", "b", "subset", "expect", "isolates", "margin",
            "margin_reason", "sesoi", "registered", "registration", "seeds", "items", "estimate", "ci_lo", "ci_hi",
-           "ci_method", "p",
-           "p_tost", "p_out", "seed_sd", "item_se", "acc_a", "acc_b", "in_a", "in_b", "learned_a", "learned_b",
+           "ci_method", "p", "p_tost", "p_out", "seed_sd", "item_se", "acc_a", "acc_b", "speed_a", "speed_b", "in_a",
+           "in_b", "learned_a", "learned_b",
            "learn_at", "chance", "floor", "floor_baseline", "floor_lo", "floor_hi", "analytic_floor", "floor_bound",
            "beside_floor", "beside_baseline", "reason", "exact", "max_logit_diff", "context", "claim", "detail"]
 

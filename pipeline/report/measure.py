@@ -189,7 +189,9 @@ def measure_paired(row: dict, a_rows, b_rows, items: cells.Items, rp, seed: int,
 
 def measure_speed(row: dict, a_rows, b_rows, items: cells.Items, rp) -> dict:
     """Per seed, each arm's share of the step cap left unused at the criterion (:data:`SPEED`), their
-    seed-paired t interval, two-sided p, TOST p and non-equivalence p, and each arm's in-distribution accuracy.
+    seed-paired t interval, two-sided p, TOST p and non-equivalence p; each arm's mean share (``speed_a``,
+    ``speed_b``), its test accuracy (``acc_a``, ``acc_b``: held to the test set's shortcut floor like every
+    accuracy row, ``floor_slice``) and its in-distribution accuracy.
     ``unreached``: the arms with seeds that never reached the criterion (the gate's reasons: a run stopped by
     the cap or the plateau rule has no time to criterion, and scoring it as the cap would bias the pair)."""
     seeds = sorted(set(a_rows.seed) & set(b_rows.seed))
@@ -205,10 +207,13 @@ def measure_speed(row: dict, a_rows, b_rows, items: cells.Items, rp) -> dict:
     d = speed[0] - speed[1]
     out = stats.seed_interval(d, rp.confidence)
     in_seeds = [_in_seeds(items, r, row["task"], seeds) for r in (a_rows, b_rows)]
+    test = [items.matrix(r, items.subset(row["task"], "test"), seeds) for r in (a_rows, b_rows)]
     return {"seeds": out["seeds"], "items": 0, "estimate": out["estimate"], "ci_lo": out["ci_lo"],
             "ci_hi": out["ci_hi"], "p": stats.one_sided_p(d, 0.0, "two-sided"),
-            **_margin_tests(*speed, row["margin"]), "seed_sd": out["sd"],
-            "item_se": math.nan, "acc_a": float(np.mean(speed[0])), "acc_b": float(np.mean(speed[1])),
+            **_margin_tests(*speed, row["margin"]), "seed_sd": out["sd"], "item_se": math.nan,
+            **{f"acc_{arm}": float(got[1].mean()) if got is not None else math.nan
+               for arm, got in zip("ab", test, strict=True)}, "floor_slice": "test",
+            "speed_a": float(np.mean(speed[0])), "speed_b": float(np.mean(speed[1])),
             "in_a": float(np.mean(in_seeds[0])) if in_seeds[0] is not None else math.nan,
             "in_b": float(np.mean(in_seeds[1])) if in_seeds[1] is not None else math.nan,
             "_in_seeds": in_seeds, "unreached": unreached,
