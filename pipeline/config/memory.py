@@ -15,9 +15,12 @@ def machine_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def check_fits_in_memory(params) -> None:
-    """The largest arrays each key makes a stage hold, against this machine's memory (ValueError naming the key)."""
-    g, have = params.geometry, machine_memory()
+Need = tuple[str, object, int, str]  # (params key, its value, bytes it makes a stage hold, what they are)
+
+
+def data_and_model_needs(params) -> list[Need]:
+    """The generated tasks' pools, a model's training state and the report's item bootstrap."""
+    g = params.geometry
     # the generated tasks' pools (natural images are read from their archive, not held at this size)
     pools = [(f"tasks.{t}.n", getattr(params.tasks, t).n + getattr(getattr(params.tasks, t), "transfer_n", 0))
              for t in params.tasks.names if isinstance(getattr(params.tasks, t), SyntheticParams)]
@@ -30,12 +33,21 @@ def check_fits_in_memory(params) -> None:
     reps, items = params.report.bootstrap_samples, params.slice.test_size
     needs.append(("report.bootstrap_samples", reps, 16 * reps * items,
                   f"{reps} replicates x {items} test items x 16 bytes"))
-    # the interface's widest patch embedding: its weights and the Jacobian and null-space copies of them
-    i = params.interface
+    # a classifier head of reference_classes outputs at the narrowest width (1): what no parameter target holds
+    m = params.models
+    needs.append(("models.reference_classes", m.reference_classes, 16 * m.reference_classes,
+                  f"a head of {m.reference_classes} outputs x 16 bytes at width 1"))
+    return needs
+
+
+def interface_needs(params) -> list[Need]:
+    """The exact checks' largest tensors."""
+    g, i = params.geometry, params.interface
+    # the widest patch embedding: its weights and the Jacobian and null-space copies of them
     d, fan_in = max(i.widths), i.patch_size**2 * g.channels
-    needs.append(("interface.widths", d, 16 * d * fan_in, f"a width-{d} embedding of {fan_in} inputs x 16 bytes"))
-    # the exact checks' largest tensors: an (n x n) attention map per head at large_tokens, a (pixels x
-    # pixels) Jacobian per probe at interface.image_size, a (tokens x tokens) Swin mask at pair_counts
+    needs = [("interface.widths", d, 16 * d * fan_in, f"a width-{d} embedding of {fan_in} inputs x 16 bytes")]
+    # an (n x n) attention map per head at large_tokens, a (pixels x pixels) Jacobian per probe at
+    # interface.image_size, a (tokens x tokens) Swin mask at pair_counts
     pixels = i.image_size**2 * g.channels
     needs.append(("interface.large_tokens", i.large_tokens, 8 * i.large_tokens**2 * i.num_heads,
                   f"a {i.large_tokens} x {i.large_tokens} float64 attention map per head"))
@@ -52,25 +64,33 @@ def check_fits_in_memory(params) -> None:
         tokens = (size // i.pair_counts.extra_patch_size) ** 2
         needs.append(("interface.pair_counts.extra_image_sizes", size, tokens**2 // 8,
                       f"a {tokens} x {tokens} token-pair mask at {size} px"))
-    # a model evaluated or fine-tuned at another size: a batch of float32 images and, per head, the (tokens x
-    # tokens) attention map of one block (the smallest patch any family uses: the geometry's)
-    rt, ft = params.train.runtime, params.finetune
+    return needs
+
+
+def other_size_needs(params) -> list[Need]:
+    """A model evaluated or fine-tuned at another size: a batch of float32 images and, per head, the (tokens x
+    tokens) attention map of one block (the smallest patch any family uses: the geometry's)."""
+    g, rt, ft = params.geometry, params.train.runtime, params.finetune
     sized = [("evaluation.resolution.sizes", s, "train.runtime.eval_batch_size", rt.eval_batch_size)
              for s in params.evaluation.resolution.sizes]
     sized += [("finetune.size", ft.size, "finetune.batch_size", ft.batch_size)] if ft.tasks else []
+    needs = []
     for key, size, batch_key, batch in sized:
         tokens = (size // g.patch_size) ** 2
-        need = 4 * batch * (size**2 * g.channels + tokens**2)
-        needs.append((key, size, need, f"a batch of {batch} ({batch_key}) images of {size} px and their "
-                      f"{tokens} x {tokens} attention map x 4 bytes"))
-    # a classifier head of reference_classes outputs at the narrowest width (1): what no parameter target holds
-    m = params.models
-    needs.append(("models.reference_classes", m.reference_classes, 16 * m.reference_classes,
-                  f"a head of {m.reference_classes} outputs x 16 bytes at width 1"))
-    for key, value, need, what in needs:
+        needs.append((key, size, 4 * batch * (size**2 * g.channels + tokens**2),
+                      f"a batch of {batch} ({batch_key}) images of {size} px and their {tokens} x {tokens} "
+                      "attention map x 4 bytes"))
+    return needs
+
+
+def check_fits_in_memory(params) -> None:
+    """The largest arrays each key makes a stage hold, against this machine's memory (ValueError naming the key)."""
+    have = machine_memory()
+    for key, value, need, what in data_and_model_needs(params) + interface_needs(params) + other_size_needs(params):
         if need > have:
             raise ValueError(f"{key}: {value} is too large: {what} take {need / 2**30:.1f} GiB, more than "
                              f"this machine's {have / 2**30:.1f} GiB of memory")
+    m = params.models
     if m.reference_classes > m.param_target:  # every class needs at least one weight of the head
         raise ValueError(f"models.reference_classes: {m.reference_classes} classes need a head larger than "
                          f"models.param_target {m.param_target}")
