@@ -187,7 +187,8 @@ def test_a_pair_at_the_ceiling_is_decided_on_how_soon_it_learned():
     assert row.subset == gate.SPEED and row.reason == "" and row.verdict == "held"
     assert row.estimate == pytest.approx(speed.mean()) and row.seed_sd == pytest.approx(speed.std(ddof=1))
     assert row.p == pytest.approx(sps.ttest_1samp(speed, 0).pvalue)
-    assert (row.acc_a, row.acc_b) == pytest.approx((0.84, 0.30))
+    assert (row.speed_a, row.speed_b) == pytest.approx((0.84, 0.30))  # the mean shares of the cap left
+    assert (row.acc_a, row.acc_b) == (1.0, 1.0)  # and the arms' test accuracy, what a shortcut floor is held to
     runs.loc[(runs.arch == "mixer") & (runs.seed == 1), "criterion_step"] = math.nan  # stopped by the cap
     row = ledger.judge(params, runs, items, {}, {}, 0).set_index("id").loc["relation.attention_vs_mixer.relation"]
     assert (row.verdict, row.reason) == ("uninformative", "mixer did not reach train.criterion in 1 of 5 seeds")
