@@ -44,6 +44,7 @@ SPARSE_BELOW = 0.2  # a feature matrix with fewer nonzeros than this share is fi
 BAGS = ((3, 2), (3, 3), (5, 2), (5, 3))  # (k, levels) of the local-pattern bags: binarised and quantised
 KMEANS_PATCH = 5  # px side of the bag-of-patches dictionary's patches
 POSITION_FREE = "where each local pattern lies, and any arrangement wider than its window"
+QUADRANT_FREE = "where each local pattern lies within its image quadrant, and any arrangement wider than its window"
 
 
 # --------------------------------------------------------------------------- global counts
@@ -186,6 +187,13 @@ POSITION_IS_FACTOR = {"arrangement"}
 POOLED_BESIDE = {"natural"}
 
 
+def pooled_role(task: str) -> tuple[bool, bool]:
+    """(uses_factor, beside) of a quadrant-pooled bag on ``task``: its coarse layout is the task's factor where
+    position is (reported only), a stronger reference beside the floor on natural images, else counted."""
+    uses_factor = task in POSITION_IS_FACTOR
+    return uses_factor, task in POOLED_BESIDE and not uses_factor
+
+
 def task_baselines(task: str, patch: int, seed: int) -> list[Baseline]:
     """Every baseline of one task: global counts, no token mixing, and its one-object baselines."""
     factor, objects = OBJECTS[task]
@@ -222,8 +230,7 @@ def ignores(task: str, name: str) -> str:
     if name in IGNORES:
         return IGNORES[name]
     if name.startswith(("bag", "kmeans")):
-        return POSITION_FREE.replace("lies", "lies within its image quadrant") if name.endswith("_pooled") \
-            else POSITION_FREE
+        return QUADRANT_FREE if name.endswith("_pooled") else POSITION_FREE
     if name.endswith("_exact"):
         return "any interaction between the groups it adds"
     return OBJECTS[task][0]
@@ -292,28 +299,27 @@ def floors(task: str, images: np.ndarray, labels: np.ndarray, factors: pd.DataFr
     members = {name: np.isin(test, idx) for name, idx in (slices or {}).items()}
     def features():  # one feature matrix at a time: each is fitted, then dropped
         for b in task_baselines(task, patch, seed):
-            yield b.name, b.uses, b.uses_factor, b.features(im, fac), getattr(b.features, "categorical", False)
+            yield b.name, b.uses, (b.uses_factor, False), b.features(im, fac), getattr(b.features, "categorical", False)
         for name, uses, x in bag_features(im, n_tr, seed):
-            yield name, uses, name.endswith("_pooled") and task in POSITION_IS_FACTOR, x, False
+            yield name, uses, pooled_role(task) if name.endswith("_pooled") else (False, False), x, False
 
     predicted = {}
-    for name, uses, uses_factor, x, categorical in features():
+    for name, uses, role, x, categorical in features():
         fit_val = (x[n_tr: n_tr + n_va], y_val) if n_va else (None, None)
-        predicted[name] = (uses, uses_factor, fit_predict(x[:n_tr], y_train, x[n_tr + n_va:], categorical, *fit_val))
+        predicted[name] = (uses, role, fit_predict(x[:n_tr], y_train, x[n_tr + n_va:], categorical, *fit_val))
         del x, fit_val
     for name, cols, uses, uses_factor in OBJECTS[task][1]:
         if len(cols) > 1:  # the exact optimum of the additive readout, beside its logistic fit
             codes = [fac[c].astype(str).agg("|".join, axis=1).to_numpy() for c in cols]
             got = exact_additive([g[:n_tr] for g in codes], y_train, [g[n_tr + n_va:] for g in codes])
             if got is not None:
-                predicted[f"{name}_exact"] = (f"{uses}; the best such rule, found by enumeration", uses_factor, got)
+                predicted[f"{name}_exact"] = (f"{uses}; the best such rule, found by enumeration", (uses_factor, False),
+                                              got)
     baselines = {}
-    for name, (uses, uses_factor, pred) in predicted.items():
+    for name, (uses, (uses_factor, beside), pred) in predicted.items():
         correct = pred == y_test
         baselines[name] = {**score(correct), "uses": uses, "ignores": ignores(task, name), "uses_factor": uses_factor,
-                           "slices": {s: score(correct[m]) for s, m in members.items() if m.any()}}
-    for name, r in baselines.items():
-        r["beside"] = task in POOLED_BESIDE and name.endswith("_pooled") and not r["uses_factor"]
+                           "slices": {s: score(correct[m]) for s, m in members.items() if m.any()}, "beside": beside}
     counted = {name: r for name, r in baselines.items() if not (r["uses_factor"] or r["beside"])}
     beside = {name: r for name, r in baselines.items() if r["beside"]}
     best = max(counted, key=lambda name: counted[name]["acc"])

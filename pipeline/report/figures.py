@@ -148,6 +148,18 @@ def _verdict_note(r) -> str:
     return v
 
 
+def _row_mark(ax, r, y: float, margin: float, half: float, **style) -> None:
+    """One ledger row at height ``y``: its equivalence margin shaded around 0, its estimate with the 95% CI in its
+    verdict's marker and colour (nothing where it has no estimate)."""
+    st = VERDICT_STYLE.get(str(r.verdict), OTHER_VERDICT)
+    ax.fill_betweenx([y - half, y + half], -margin, margin, color=MARGIN_COLOUR, alpha=0.18, lw=0)
+    if r.estimate != r.estimate:
+        return
+    err = None if r.ci_lo != r.ci_lo else [[max(r.estimate - r.ci_lo, 0)], [max(r.ci_hi - r.estimate, 0)]]
+    ax.errorbar([r.estimate], [y], xerr=err, marker=st["marker"], color=st["color"],
+                mfc=st["color"] if st["filled"] else "white", mec=st["color"], mew=1.4, **style)
+
+
 def ledger_figure(led: pd.DataFrame, margin: float):
     """Forest plot of the ledger: per row its estimate (a - b, or a - shortcut floor) with the CI, 0 marked, the
     equivalence margin (the row's ``margin`` column, else ``margin``) shaded; marker and colour say the verdict."""
@@ -160,11 +172,7 @@ def ledger_figure(led: pd.DataFrame, margin: float):
     margins = pd.to_numeric(rows["margin"], errors="coerce").fillna(margin) if "margin" in rows else \
         pd.Series(margin, index=rows.index)
     for y, r, m in zip(ys, rows.itertuples(), margins, strict=True):
-        st = VERDICT_STYLE.get(str(r.verdict), OTHER_VERDICT)
-        ax.fill_betweenx([y - 0.42, y + 0.42], -m, m, color=MARGIN_COLOUR, alpha=0.18, lw=0)
-        err = None if r.ci_lo != r.ci_lo else [[max(r.estimate - r.ci_lo, 0)], [max(r.ci_hi - r.estimate, 0)]]
-        ax.errorbar([r.estimate], [y], xerr=err, marker=st["marker"], ms=6, capsize=2, lw=1.3, color=st["color"],
-                    mfc=st["color"] if st["filled"] else "white", mec=st["color"], mew=1.4)
+        _row_mark(ax, r, y, m, half=0.42, ms=6, capsize=2, lw=1.3)
         grey = str(r.verdict) in GREY_VERDICTS
         ax.annotate(_verdict_note(r), (1.01, y), xycoords=("axes fraction", "data"), va="center", fontsize=8,
                     color="0.55" if grey else "0.15", annotation_clip=False)
@@ -208,13 +216,7 @@ def leads_figure(leads: pd.DataFrame, margin: float):
         rows[c] = pd.to_numeric(rows[c], errors="coerce")
     fig, ax = plt.subplots(figsize=(11, 0.42 * len(rows) + 1.2), layout="constrained")
     for y, r in enumerate(rows.itertuples()):
-        st = VERDICT_STYLE.get(str(r.verdict), OTHER_VERDICT)
-        m = r.margin if r.margin == r.margin else margin
-        ax.fill_betweenx([y - 0.35, y + 0.35], -m, m, color=MARGIN_COLOUR, alpha=0.18, lw=0)
-        if r.estimate == r.estimate:
-            err = None if r.ci_lo != r.ci_lo else [[max(r.estimate - r.ci_lo, 0)], [max(r.ci_hi - r.estimate, 0)]]
-            ax.errorbar([r.estimate], [y], xerr=err, marker=st["marker"], ms=7, capsize=3, lw=1.6,
-                        color=st["color"], mfc=st["color"] if st["filled"] else "white", mec=st["color"], mew=1.4)
+        _row_mark(ax, r, y, r.margin if r.margin == r.margin else margin, half=0.35, ms=7, capsize=3, lw=1.6)
         ax.annotate(r.status, (1.01, y), xycoords=("axes fraction", "data"), va="center", fontsize=FONT,
                     color="0.15", annotation_clip=False)
     ax.axvline(0, color="0.2", lw=1)
