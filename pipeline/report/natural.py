@@ -152,9 +152,10 @@ VIEWS_NOTE = (
     "per (seed, step) in pipeline/learner.py.")
 
 EXPECTED_NOTE = (
-    "Each range the profile states in `report.expected` (from the literature, its source beside it in the params "
-    "file), beside the measured main-grid cell: seed mean with its seed-level t interval. `where`: the mean "
-    "inside, below or above the stated range. A range is what was expected before the run, not a pass mark.")
+    "Each range the profile states in `report.expected` (from the literature or a pilot run before it, its source "
+    "beside it in the params file), beside the measured main-grid cell: seed mean with its seed-level t interval. "
+    "`where`: the mean inside, below or above the stated range. A range is what was expected before the run, not a "
+    "pass mark.")
 
 
 def views_table(runs: pd.DataFrame, level: float) -> pd.DataFrame:
