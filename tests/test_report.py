@@ -429,8 +429,8 @@ def test_distillation_table_reads_one_configuration_with_seed_intervals_and_the_
 
 
 def test_a_winner_below_its_slice_floor_is_not_decided():
-    """A row decides on a slice only when the arm it says wins clears that slice's strongest shortcut by the
-    margin (an "= 0" row: both arms); the losing arm of a "+" row may sit below it (that is the finding)."""
+    """A row decides on a slice only when the arm its estimate favours clears that slice's strongest shortcut by
+    the margin (an "= 0" row: both arms); the losing arm of a "+" row may sit below it (that is the finding)."""
     slice_floors = {"scale": {"chance": 0.5, "floor": 0.88, "floor_baseline": "tokens_bag",
                               "floor_slice_baselines": {"slice/ood": "bag3b_global"}, "baselines": {
                                   "tokens_bag": {"acc": 0.88, "n": 100, "slices": {"slice/ood": {"acc": 0.82, "n": 50},
@@ -453,6 +453,13 @@ def test_a_winner_below_its_slice_floor_is_not_decided():
     above = {**m, "floor": 0.82, "floor_baseline": "tokens_bag"}
     assert gate.gate(row, above, 0.01) == ""  # 0.95 clears 0.82 + 0.04; vit at 0.70 below it does not matter
     assert gate.gate(row, {**above, "acc_a": 0.85}, 0.01).startswith("a shortcut reaches slice/ood: tokens_bag")
+    # where the other arm came out ahead, that arm is the winner held to the floor: a failure above the floor
+    # is decided (not hidden behind the predicted winner's level), one at the floor's level is not
+    ahead_b = {**above, "acc_a": 0.80, "acc_b": 0.95, "estimate": -0.15}
+    assert gate.gate(row, ahead_b, 0.01) == ""
+    reason = gate.gate(row, {**ahead_b, "acc_b": 0.84, "estimate": -0.04}, 0.01)
+    assert reason.startswith("a shortcut reaches slice/ood: tokens_bag") and "vit 0.840" in reason
+    assert "resnet" not in reason
     same = {**row, "expect": "0"}
     assert "vit 0.700" in gate.gate(same, above, 0.01)  # an equivalence needs both arms above the floor
     assert gate.gate(same, {**above, "acc_b": 0.9}, 0.01) == ""

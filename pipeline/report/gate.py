@@ -32,7 +32,7 @@ def gate(row: dict, m: dict, tol: float) -> str:
     it can (a model at chance everywhere sits at the floor across windows too, for another reason). A budget row
     (one arch, two budgets) needs no learned arm (learning under the longer budget is its question).
 
-    On the compared slice, the arm a row says wins must clear that slice's strongest shortcut floor by the
+    On the compared slice, the arm the data favour must clear that slice's strongest shortcut floor by the
     row's margin (an "= 0" row: both arms), or a shortcut could explain the result (:func:`below_floor`)."""
     if row["kind"] == "floor" and row.get("learned_on") and m.get("seeds") and not m["in_a"] >= m["learn_at"]:
         return f"{row['a']} did not learn: {row['learned_on']} {m['in_a']:.3f} (needs >= {m['learn_at']:.3f})"
@@ -62,17 +62,22 @@ def gate(row: dict, m: dict, tol: float) -> str:
 
 
 def below_floor(row: dict, m: dict) -> list[str]:
-    """The gate reason of a paired accuracy row whose predicted winner (a "+" row's ``a``; both arms of an
-    "= 0" row) does not clear the compared slice's shortcut floor by the row's margin: "a shortcut reaches
-    <slice>: <baseline> <acc>". A speed row too, on its arms' test accuracy (how soon an arm learned says nothing
-    about the factor if a shortcut reaches its level); not agreement rows (agreement, not accuracy); budget
-    rows too (one arch under two budgets: a longer budget that only reaches a shortcut's level says nothing about
-    the factor). The losing arm of a "+" row may sit below the floor (that is the finding)."""
+    """The gate reason of a paired accuracy row whose winner does not clear the compared slice's shortcut floor by
+    the row's margin: "a shortcut reaches <slice>: <baseline> <acc>". The winner of a "+" row is the arm its
+    estimate favours: ``a`` as predicted, or ``b`` where ``b`` came out ahead (a failure is a win too: held to the
+    floor, and not hidden behind the predicted winner's level); both arms of an "= 0" row. A speed row too, on
+    its arms' test accuracy (how soon an arm learned says nothing about the factor if a shortcut reaches its
+    level); not agreement rows (agreement, not accuracy); budget rows too (one arch under two budgets: a longer
+    budget that only reaches a shortcut's level says nothing about the factor). The losing arm of a "+" row may
+    sit below the floor (that is the finding)."""
     floor = m.get("floor", float("nan"))
     if floor != floor or row["subset"].startswith("agree/"):
         return []
     acc_a, acc_b = m.get("floor_acc_a", m["acc_a"]), m.get("floor_acc_b", m["acc_b"])  # on the floor's slice
-    arms = ((row["a"], acc_a),) if row["expect"] == "+" else ((row["a"], acc_a), (row["b"], acc_b))
+    if row["expect"] != "+":
+        arms = ((row["a"], acc_a), (row["b"], acc_b))
+    else:
+        arms = ((row["b"], acc_b),) if m.get("estimate", 0.0) < 0 else ((row["a"], acc_a),)
     need = floor + row["margin"]
     short = [f"{arm} {acc:.3f}" for arm, acc in arms if not acc >= need]
     if not short:

@@ -7,7 +7,7 @@ item-level results; this module decides and orders them:
 - ``paired``: ``a - b`` on the same test items with the same seeds: per seed the difference of mean accuracy
   (twin pairs averaged first), then a seed-level paired t interval, a directional t test and TOST against the
   row's margin; decided only when both arms learned in distribution, are not both at the ceiling or at
-  chance on the compared slice, and the arm it says wins clears that slice's shortcut floor by the margin
+  chance on the compared slice, and the arm its estimate favours clears that slice's shortcut floor by the margin
   (:func:`pipeline.report.gate.gate`), else "uninformative" with the reason in words;
 - ``floor``: ``a - floor`` where floor = the strongest shortcut baseline on the row's slice
   (data/shortcuts/<task>/floors.json),

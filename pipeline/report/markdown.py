@@ -324,7 +324,7 @@ def readme(*, commit: str, date: str, level: float, scale: str, sentences: list[
         "Every number below is computed from the per-run files DVC tracks; nothing about results is hand-written.",
         "", "## Findings", "",
         "A finding is **supported** when its pre-registered lead row held its Holm-corrected test and passed the "
-        "gate (both arms learned the task; the predicted winner clears every shortcut floor on the compared "
+        "gate (both arms learned the task; the winning arm clears every shortcut floor on the compared "
         "slice), **undecided** when the lead decides nothing yet (the reason follows), **contradicted** or **no "
         "effect** when it failed or came out equivalent (the whole rule below).", "",
         *[f"{i}. {s}" for i, s in enumerate(sentences, 1)], "",
