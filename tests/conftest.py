@@ -5,16 +5,20 @@ own copy:
 - ``workspace`` (session, read-only): a folder with a tiny ``params.yaml``, the ``alignment`` task's data and
   slices and a trained ``resnet`` teacher, made by calling the stage entry points in-process, with its own
   MLflow store. ``copy_workspace`` is a private writable copy.
-- ``reproduced_repo`` (session, read-only): a tiny copy of the repository after one full ``dvc repro``, one per
-  pytest run (shared by the xdist workers, started in the background as soon as a selected test needs it).
-  ``copy_reproduced_repo`` is a private writable copy (git history, DVC cache and MLflow store included).
+- ``reproduced_repo`` (session, read-only): a tiny copy of the repository after one full ``dvc repro``, made by
+  ``bias smoke --keep`` (so the smoke command's own test reads that run's output, ``smoke_run``, instead of
+  repeating it), one per pytest run (shared by the xdist workers, started in the background as soon as a selected
+  test needs it). ``copy_reproduced_repo`` is a private writable copy (git history, DVC cache and MLflow store
+  included).
 - ``make_tiny_repo``: a fresh tiny copy of the repository (committed, nothing reproduced).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -82,6 +86,7 @@ class Reproduced:
         base = tmp_path_factory.getbasetemp()
         root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the run's folder, all workers
         self.repo, self.done, self.failed = root / "reproduced/repo", root / "reproduced.done", root / "reproduced.err"
+        self.record = root / "reproduced.smoke.json"  # what `bias smoke` printed, and the checkout before and after
         self.lock = FileLock(root / "reproduced.lock")
 
     def build(self, wait: bool) -> None:
@@ -91,8 +96,14 @@ class Reproduced:
             return  # another worker is building it
         try:
             if not (self.done.exists() or self.failed.exists()):
-                tiny_repo.make_repo(self.repo)
-                tiny_repo.dvc(self.repo, "repro", timeout=900)
+                before = checkout_status()
+                proc = subprocess.run([str(tiny_repo.VENV_BIN / "bias"), "smoke", "--keep", str(self.repo)],
+                                      cwd=tiny_repo.ROOT, capture_output=True, text=True, timeout=900)
+                self.record.write_text(json.dumps({"returncode": proc.returncode, "stdout": proc.stdout,
+                                                   "stderr": proc.stderr, "before": before,
+                                                   "after": checkout_status()}))
+                if proc.returncode:
+                    raise RuntimeError(f"bias smoke failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
                 self.done.touch()
         except Exception as err:  # noqa: BLE001 (every user of the fixture reports it)
             self.failed.write_text(f"{type(err).__name__}: {err}")
@@ -104,6 +115,12 @@ class Reproduced:
         if self.failed.exists():
             raise RuntimeError(f"reproduced_repo: the tiny dvc repro failed: {self.failed.read_text()}")
         return self.repo
+
+
+def checkout_status() -> str:
+    """``git status`` of the repository the tests run from, untracked files included."""
+    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=tiny_repo.ROOT,
+                          capture_output=True, text=True, check=True).stdout
 
 
 # Fixtures that train (the teacher in ``workspace``, every stage in ``reproduced_repo``): their users are ``slow``.
@@ -140,6 +157,13 @@ def _reproduce_in_background(request, tmp_path_factory):
 @pytest.fixture(scope="session")
 def reproduced_repo(tmp_path_factory) -> Path:
     return Reproduced(tmp_path_factory).get()
+
+
+@pytest.fixture(scope="session")
+def smoke_run(reproduced_repo, tmp_path_factory) -> dict:
+    """How ``bias smoke --keep`` went when it made ``reproduced_repo``: returncode, stdout, stderr, and the
+    checkout's ``git status`` before and after."""
+    return json.loads(Reproduced(tmp_path_factory).record.read_text())
 
 
 @pytest.fixture

@@ -34,12 +34,12 @@ def test_run_one_reproduces_the_train_stage_and_records_nothing(copy_reproduced_
     proc = bias(repo, "run-one", "--arch", "vit", "--task", "alignment", "--seed", "0")
     assert proc.returncode == 0, proc.stderr
     line = json.loads(proc.stdout.strip().splitlines()[-1])
-    stage = json.loads((repo / "data/runs/vit/alignment/n128-t20-s0-d0-criterion/metrics.json").read_text())
-    assert line["run"] == "train/vit/alignment/n128-t20-s0-d0-criterion"
+    stage = json.loads((repo / "data/runs/vit/alignment/n64-t10-s0-d0-criterion/metrics.json").read_text())
+    assert line["run"] == "train/vit/alignment/n64-t10-s0-d0-criterion"
     assert (line["steps_done"], line["stop_reason"]) == (stage["steps_done"], stage["stop_reason"])
     assert line["test"] == stage["test_acc"] and line["val_acc"] == stage["val_acc"]
     said = next(x for x in proc.stdout.splitlines() if x.startswith("run-one: "))
-    assert said.startswith("run-one: train/vit/alignment/n128-t20-s0-d0-criterion at lr 0.002 (tuned, ") or \
+    assert said.startswith("run-one: train/vit/alignment/n64-t10-s0-d0-criterion at lr 0.002 (tuned, ") or \
         "(train.recipe.lr" in said, said  # where the learning rate came from
     short = bias(repo, "run-one", "--arch", "vit", "--task", "alignment", "--steps", "2")  # warm-up: 2 steps
     assert short.returncode == 0 and "warning: 2 steps <= train.recipe.warmup_steps 2" in short.stderr, short.stderr
@@ -88,7 +88,7 @@ def test_pair_reproduces_the_ledger_row_and_records_nothing(copy_reproduced_repo
     assert out[0].startswith("pair alignment.resnet_vs_vit.alignment: resnet - vit on slice/ood of alignment"), out[0]
     started = [x for x in out if re.match(r"\[\d\d:\d\d:\d\d\] run \d of 4 started: ", x)]
     assert [x.split(": ")[1].split(",")[0] for x in started] == [
-        f"train/{arm}/alignment/n128-t20-s{seed}-d0-criterion" for seed in (0, 1) for arm in ("resnet", "vit")]
+        f"train/{arm}/alignment/n64-t10-s{seed}-d0-criterion" for seed in (0, 1) for arm in ("resnet", "vit")]
     assert len([x for x in out if re.match(r"\[\d\d:\d\d:\d\d\] run \d of 4 done in [\d.]+ s", x)]) == 4
     table = out[out.index(next(x for x in out if x.split()[:1] == ["seed"])) + 1:][:2]
     diffs = [float(x.split()[3]) for x in table]
@@ -136,19 +136,16 @@ def test_smoke_where_no_copy_can_go_is_one_line(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err.startswith("error: cannot make a temporary folder in /proc (")
 
 
-@pytest.mark.slow
-def test_smoke_runs_the_dag_in_a_copy_and_leaves_the_repository_alone(tmp_path):
-    status = ["git", "status", "--porcelain", "--untracked-files=all"]
-    before = subprocess.run(status, cwd=tiny_repo.ROOT, capture_output=True, text=True, check=True).stdout
-    proc = bias(tiny_repo.ROOT, "smoke", "--keep", str(tmp_path / "copy"))
-    assert proc.returncode == 0, proc.stderr
-    assert "smoke: the whole DAG ran in" in proc.stdout and "ledger rows:" in proc.stdout
-    progress = [x for x in proc.stdout.splitlines() if re.match(r"smoke \[ *\d+ s\] ", x)]
+def test_smoke_runs_the_dag_in_a_copy_and_leaves_the_repository_alone(smoke_run, reproduced_repo):
+    """``reproduced_repo`` is ``bias smoke --keep``'s copy (tests/conftest.py): its output is read here."""
+    assert smoke_run["returncode"] == 0, smoke_run["stderr"]
+    out = smoke_run["stdout"]
+    assert "smoke: the whole DAG ran in" in out and "ledger rows:" in out
+    progress = [x for x in out.splitlines() if re.match(r"smoke \[ *\d+ s\] ", x)]
     stages = [x.split("] ")[1] for x in progress if "] stage " in x]
     assert stages[0] == f"stage 1 of {len(stages)}: validate" and stages[-1].endswith(": report"), progress
     assert any(re.search(r"\] +run 1 of \d+ done: train/", x) for x in progress), progress  # runs as they end
-    assert (tmp_path / "copy/reports/README.md").exists() and (tmp_path / "copy/dvc.lock").exists()
-    after = subprocess.run(status, cwd=tiny_repo.ROOT, capture_output=True, text=True, check=True).stdout
-    assert after == before
+    assert (reproduced_repo / "reports/README.md").exists() and (reproduced_repo / "dvc.lock").exists()
+    assert smoke_run["after"] == smoke_run["before"]  # the checkout it copied: untouched
 
 

@@ -24,7 +24,7 @@ def test_every_stage_ran_and_wrote_its_outputs(reproduced_repo):
             assert (repo / out["path"]).exists(), f"{name}: {out['path']} missing"
     metrics = sorted((repo / "data/runs").rglob("metrics.json"))
     assert {m.relative_to(repo / "data/runs").parts[0] for m in metrics} == {"vit", "resnet", "deit"}
-    student = json.loads((repo / "data/runs/deit/alignment/n128-t20-s0-d0-criterion/metrics.json").read_text())
+    student = json.loads((repo / "data/runs/deit/alignment/n64-t10-s0-d0-criterion/metrics.json").read_text())
     teacher = student["provenance"]["teacher"]  # the verified teacher the student was distilled from
     assert student["teacher"] == teacher["arch"] == "resnet" and teacher["checkpoint"] == "weights.pt"
     weights = (repo / "data/teachers/resnet/s0/alignment/weights.pt").read_bytes()
@@ -51,7 +51,7 @@ def test_mlflow_has_the_runs_with_budgets(reproduced_repo):
         assert {"images_seen", "tokens_seen"} <= budget, run.info.run_name  # the rest: the run's table
     # one parent run per stage invocation
     assert (parents["train"], parents["teacher"]) == (["train"], ["teacher"])
-    # train: 2 tasks x (vit, resnet) + the curve grid (resnet on alignment at n=64) + one student; one teacher
+    # train: 2 tasks x (vit, resnet) + the curve grid (resnet on alignment at n=32) + one student; one teacher
     names = sorted(r.info.run_name.split("/")[0] for r in children["train"])
     assert (names, len(children["teacher"])) == (["distill"] + ["train"] * 5, 1)
 

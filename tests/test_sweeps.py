@@ -56,7 +56,7 @@ def test_queued_sweep_logs_every_run_to_one_store(copy_reproduced_repo):
         if r.data.tags.get("arch") == "resnet":
             found.setdefault(r.data.params["train.recipe.lr"], []).append(r.info.status)
     for lr in LRS:
-        # per sweep point: resnet's two tasks + the curve grid's run (resnet, alignment, n=64)
+        # per sweep point: resnet's two tasks + the curve grid's run (resnet, alignment, n=32)
         assert found.get(str(float(lr))) == ["FINISHED"] * 3, found
     assert not (repo / ".dvc/tmp/exps/mlflow.db").exists()
     assert not list((repo / ".dvc/tmp/exps").glob("*/mlflow.db"))

@@ -100,11 +100,13 @@ def meet_layers(deps: list[np.ndarray]) -> np.ndarray:
 
     ``deps[0]`` is ``(N_0, n_pix)`` (embedding from pixels), ``deps[l]`` is ``(N_l, N_{l-1})``.
     """
-    reach = deps[0].astype(np.int64)
+    # 0/1 counts in float64 are exact (far below 2**53) and go through BLAS; numpy's integer matmul does not
+    # (at 32 px, 1024 pixels, it took minutes per study)
+    reach = deps[0].astype(np.float64)
     meet = np.full((reach.shape[1], reach.shape[1]), UNREACHABLE, dtype=np.int64)
     for layer, dep in enumerate(deps):
         if layer:
-            reach = ((dep.astype(np.int64) @ reach) > 0).astype(np.int64)  # (N_l, n_pix)
+            reach = ((dep.astype(np.float64) @ reach) > 0).astype(np.float64)  # (N_l, n_pix)
         both = (reach.T @ reach) > 0
         meet[(meet == UNREACHABLE) & both] = layer
     return meet
