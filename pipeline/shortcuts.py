@@ -31,7 +31,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import OneHotEncoder, StandardScaler
 
-from pipeline.shortcut_bags import exact_additive, kmeans_bags, pattern_bag
+from pipeline.shortcut_bags import CHUNK_FLOATS, exact_additive, kmeans_bags, pattern_bag
 
 Features = Callable[[np.ndarray, pd.DataFrame], np.ndarray]
 
@@ -101,8 +101,10 @@ def tokens_bag(images: np.ndarray, patch: int, seed: int) -> np.ndarray:
     f = patch_features(images, patch, seed)
     pixels = f[..., : patch * patch * images.shape[-1]]
     i, j = np.triu_indices(pixels.shape[-1])
-    # in chunks of images: the products of every image at once take ~2 GB per 10,000 images (CIFAR's 60,000)
-    pairs = np.concatenate([(c[..., i] * c[..., j]).sum(1) for c in np.array_split(pixels, max(1, len(f) // 2000))])
+    # in blocks of images (CHUNK_FLOATS): the products of every image at once take ~2 GB per 10,000 images
+    per_image = pixels.shape[1] * len(i)
+    blocks = np.array_split(pixels, max(1, len(f) * per_image // CHUNK_FLOATS))
+    pairs = np.concatenate([(c[..., i] * c[..., j]).sum(1) for c in blocks])
     return np.concatenate([f.sum(1), pairs], axis=1)
 
 

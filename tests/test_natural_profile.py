@@ -68,14 +68,15 @@ def test_a_tiny_cut_of_the_profile_runs_through_bias_profile(tmp_path):
     repo = tiny_repo.make_repo(tmp_path / "repo")
     raw = profiles.compose(NATURAL)
     archs = ["vit", "vit_nopos", "resnet"]  # a learned, a missing position table and a CNN: the checks below
-    tiny = {
+    tiny = {  # at the CPU default's 16 px: the profile's stages, not its geometry, are what this test runs
         "interface": tiny_repo.TINY["interface"],
+        "geometry": {"image_size": 16},
         "models": {"param_target": 20000, "param_tolerance": 0.2, "vit": {"depth": 2}, "resnet": {"layers": [1, 1]},
                    "swin": {"depths": [2, 2], "num_heads": [2, 4]}},
         "tasks": {"natural": {"path": ["data/raw/none.tar.gz", str(archive)], "per_class_train": 28,
                               "per_class_test": 10}},
         "slice": {"train_sizes": [100, 200], "val_size": 40, "test_size": 100},
-        "evaluation": {"resolution": {"sizes": [24, 32]}},
+        "evaluation": {"resolution": {"sizes": [24]}},
         "train": {"seeds": [0], "size": 200,
                   "archs": {a: raw["train"]["archs"][a] for a in archs},
                   "grids": {"views_off": {**raw["train"]["grids"]["views_off"], "seeds": [0]},
@@ -88,7 +89,7 @@ def test_a_tiny_cut_of_the_profile_runs_through_bias_profile(tmp_path):
                               "eval_batch_size": 256}},
         "distill": {"teacher_size": 200},
         "tune": {"lrs": [2e-3]},
-        "finetune": {"steps": 4, "batch_size": 16, "warmup_steps": 1},
+        "finetune": {"size": 24, "steps": 4, "batch_size": 16, "warmup_steps": 1},
     }
     params = tiny_repo.merge(raw, tiny)
     params["train"]["archs"] = tiny["train"]["archs"]
@@ -126,8 +127,8 @@ def test_a_tiny_cut_of_the_profile_runs_through_bias_profile(tmp_path):
     assert len(paired) and paired.beside_baseline.str.endswith("_pooled").all() and paired.beside_floor.notna().all()
     expected = pd.read_csv(out / "tables" / "expected.csv")
     assert set(expected.arch) >= {"vit", "resnet"} and expected["where"].isin(["inside", "below", "above"]).all()
-    tuned = pd.read_csv(out / "finetune" / "finetune.csv").set_index("arch")  # trained at 32, fine-tuned at 48
-    assert set(tuned.index) == set(archs) and (tuned["size"] == 48).all()
+    tuned = pd.read_csv(out / "finetune" / "finetune.csv").set_index("arch")  # trained at 16, fine-tuned at 24
+    assert set(tuned.index) == set(archs) and (tuned["size"] == 24).all()
     assert tuned.loc["vit", "position"] == "learned" and tuned.loc["vit_nopos", "position"] == "none"
     assert tuned.finetuned.between(0, 1).all() and tuned.eval_only.between(0, 1).all()
     meta = json.loads((repo / ".profiles/natural/data/tasks/natural/meta.json").read_text())
