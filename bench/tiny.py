@@ -51,7 +51,8 @@ TINY: dict[str, Any] = {
 }
 
 
-# `bias smoke` lays these over TINY (tests keep TINY's sizes, which their assertions name): half the images, a
+# `bias smoke` lays these over TINY (so does the tests' shared `reproduced_repo`, which is `bias smoke --keep`'s
+# copy; the tests that make their own repositories keep TINY's sizes): half the images, a
 # main grid at 64 images and 10 steps. Measured stage by stage on 2 cores, the shortcut floors' logistic fits on
 # train_<train.size> and the k-means dictionary were the time that scaled with the config (24 of 115 CPU s); the
 # rest is each stage process importing torch, timm and Lightning. models.param_target stays: at 8000 a 2-block
