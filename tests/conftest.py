@@ -28,14 +28,35 @@ import pytest
 import tiny_repo  # tests/ is on sys.path (pytest's rootdir-less test folder), like this conftest
 from filelock import FileLock, Timeout
 
+_BASETEMP: list[Path] = []  # this worker's pytest temporary folder (the empty store's template lives there)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _basetemp(tmp_path_factory) -> None:
+    _BASETEMP.append(tmp_path_factory.getbasetemp())
+
+
+def empty_store(folder: Path) -> None:
+    """``folder/mlflow.db``: an empty MLflow store, copied from one MLflow created once per worker (creating the
+    tables takes ~1.5 s of CPU, a copy a few ms; both are the store a stage creates where none exists)."""
+    template = _BASETEMP[0] / "empty-mlflow.db"
+    if not template.exists():  # its Default experiment's artifacts would go beside it (the pipeline never uses it)
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+        SqlAlchemyStore(f"sqlite:///{template}", (template.parent / "mlruns").as_uri()).engine.dispose()
+    shutil.copyfile(template, folder / "mlflow.db")
+
 
 @contextmanager
 def mlflow_store(folder: Path):
-    """Point MLflow at ``folder/mlflow.db``: the variable (pipeline.tracking reads it at call time) and MLflow's own
-    global URI, which Lightning's MLFlowLogger sets in this process and which MLflow prefers to the variable (a
-    ``models:/`` lookup after a training test in the same worker went to that test's store)."""
+    """Point MLflow at ``folder/mlflow.db`` (an empty store where none is): the variable (pipeline.tracking reads it
+    at call time) and MLflow's own global URI, which Lightning's MLFlowLogger sets in this process and which MLflow
+    prefers to the variable (a ``models:/`` lookup after a training test in the same worker went to that test's
+    store)."""
     import mlflow
 
+    if not os.path.lexists(folder / "mlflow.db"):  # a test's own store (a link, a folder, garbage) stays as it is
+        empty_store(folder)
     old = os.environ.get("MLFLOW_TRACKING_URI")
     mlflow.set_tracking_uri(f"sqlite:///{folder / 'mlflow.db'}")  # sets the variable as well
     try:
@@ -177,4 +198,9 @@ def copy_reproduced_repo(reproduced_repo, tmp_path) -> Path:
 @pytest.fixture
 def make_tiny_repo(tmp_path):
     """``make_tiny_repo(name, overrides=None)`` -> a committed tiny repository under ``tmp_path``."""
-    return lambda name="repo", overrides=None: tiny_repo.make_repo(tmp_path / name, overrides)
+    def make(name: str = "repo", overrides: dict | None = None) -> Path:
+        repo = tiny_repo.make_repo(tmp_path / name, overrides)
+        empty_store(repo)  # what its first stage would create
+        return repo
+
+    return make

@@ -16,10 +16,10 @@ DESIGN = PACKAGE.parent / "docs" / "design.md"
 # some paths (`bias --help`, a stage's input checks, the stage process that never fits): torch, Lightning, timm,
 # MLflow and the libraries its store errors come from, matplotlib, Dask; and the training stack as a whole
 # (pipeline.experiment, and pipeline.learner, which imports Lightning), which a training stage imports after its
-# worker pool has started, so the workers import it meanwhile; and the families (torch and timm), whose step costs
-# the report's seed plan reads.
+# worker pool has started, so the workers import it meanwhile; the families (torch and timm), whose step costs
+# the report's seed plan reads; and the fine-tuning (torch and timm), which the finetune stage needs only with tasks.
 LAZY = ("torch", "torchvision", "lightning", "timm", "mlflow", "requests", "sqlalchemy", "matplotlib", "dask",
-        "distributed", "pipeline.experiment", "pipeline.learner", "pipeline.families")
+        "distributed", "pipeline.experiment", "pipeline.learner", "pipeline.families", "pipeline.finetune")
 
 # The layer picture of docs/design.md §6, in reading order: a module imports only modules before it (the layers
 # above, and those to its left on its own layer). ``name/`` is a whole package, one place (its modules import each

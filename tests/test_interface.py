@@ -11,6 +11,7 @@ import pytest
 import tiny_repo
 import torch
 import yaml
+from conftest import empty_store
 from timm.layers import Attention
 from timm.models.swin_transformer import SwinTransformer
 from timm.models.vision_transformer import Block, VisionTransformer
@@ -315,6 +316,7 @@ def test_learned_table_resampled_with_the_named_interpolation_sincos_recomputed(
 
 @pytest.fixture
 def tiny_params(tmp_path, monkeypatch):
+    empty_store(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(TINY))

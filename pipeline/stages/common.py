@@ -173,10 +173,12 @@ def run_training(stage: str, specs: list, params: Params, args: argparse.Namespa
     check_launch(rt)
     for folder in (args.out, args.ckpt):  # a file there would fail the first run, after it trained and logged
         check_kind(folder, folder=True, error=StageError)
-    with worker_pool(rt.workers if len(specs) > 1 else 1, rt.scheduler, WORKER_IMPORTS) as pool:
-        from pipeline.experiment import execute  # after the pool started: the workers import meanwhile
+    results = []
+    if specs:  # nothing configured: no worker, no MLflow run, none of the training stack's seconds of imports
+        with worker_pool(rt.workers if len(specs) > 1 else 1, rt.scheduler, WORKER_IMPORTS) as pool:
+            from pipeline.experiment import execute  # after the pool started: the workers import meanwhile
 
-        results = execute(specs, params, stage, args.ckpt, pool, name)
+            results = execute(specs, params, stage, args.ckpt, pool, name)
     prune(args.out, [*keep, *(s.out_dir for s in specs)])  # after success: a failed stage changes nothing
     for folder in (args.out, args.ckpt):  # DVC outputs, even when no run is configured
         folder.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeline import finetune
 from pipeline.executor import map_runs
 from pipeline.grid import Folders
 from pipeline.io import read_json, write_json, write_text
@@ -32,9 +31,10 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-@stage_main
-def main(argv: list[str] | None = None) -> None:
-    args, params = parse_stage(parser(), argv)
+def run_jobs(params, args: argparse.Namespace) -> tuple[list, dict]:
+    """Every configured job and its result: finished ones read back, the others fine-tuned now."""
+    from pipeline import finetune  # torch and timm (the models): only a stage with tasks needs them
+
     jobs = finetune.jobs(params, Folders(args.data, args.slices, args.runs, args.runs), args.out)
     done = {j.out_dir: rec for j in jobs if (rec := finetune.finished(j)) is not None}
     todo = [j for j in jobs if j.out_dir not in done]
@@ -45,6 +45,17 @@ def main(argv: list[str] | None = None) -> None:
                                 log_dir=args.out / "failed"):
         write_json(job.out_dir / finetune.RESULT, result)
         done[job.out_dir] = result
+    return jobs, done
+
+
+@stage_main
+def main(argv: list[str] | None = None) -> None:
+    args, params = parse_stage(parser(), argv)
+    if params.finetune.tasks:
+        jobs, done = run_jobs(params, args)
+    else:
+        jobs, done = [], {}
+        print("finetune: no finetune.tasks, nothing to fine-tune", flush=True)
     prune(args.out, [j.out_dir for j in jobs])  # results of runs no longer configured
     args.out.mkdir(parents=True, exist_ok=True)
     trained = {j.spec.name: read_json(j.spec.out_dir / "metrics.json", RUN_METRICS)["test_acc"] for j in jobs}
