@@ -111,15 +111,14 @@ def patch_bags(images: np.ndarray, centres: np.ndarray, k: int) -> tuple[np.ndar
     encoding, both poolings."""
     out = []
     c2 = (centres**2).sum(1)
-    g = images.shape[1] - k + 1
+    g = images.shape[1] - k + 1  # the side of the grid of patch positions
+    q = quadrant(g)
     chunk = max(1, CHUNK_FLOATS // (g * g * len(centres)))  # images per block of distances
     for start in range(0, len(images), chunk):
         p = patches(images[start: start + chunk], k)
-        n, g = p.shape[:2]
         flat = p.reshape(-1, p.shape[-1])
         d = np.sqrt(np.maximum((flat**2).sum(1, keepdims=True) - 2 * flat @ centres.T + c2, 0))
-        z = np.maximum(d.mean(1, keepdims=True) - d, 0).reshape(n, g, g, -1)
-        q = quadrant(g)
+        z = np.maximum(d.mean(1, keepdims=True) - d, 0).reshape(len(p), g, g, -1)
         out.append(np.concatenate([z[:, q == r].sum(1) for r in range(4)], axis=1))
     pooled = np.concatenate(out).astype(np.float32)
     glob = pooled.reshape(len(pooled), 4, -1).sum(1)
