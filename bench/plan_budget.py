@@ -21,7 +21,8 @@ import pandas as pd
 
 from pipeline.config import load_params
 from pipeline.io import read_json, write_text
-from pipeline.report import ledger, markdown, pages, seeds, sources
+from pipeline.report import inputs as report_inputs
+from pipeline.report import ledger, markdown, seeds, sources
 from pipeline.schemas import SEED_PLAN
 
 # verdicts that answer a row's question (pipeline.report.markdown)
@@ -32,8 +33,8 @@ def inputs(repo: Path, params, more: bool):
     """What the report reads of the study: the first look's runs, and with ``more`` the second look's too."""
     data = repo / "data"
     records = sources.read_records(params, data / "runs", data / "teachers", data / "runs_more" if more else None)
-    return pages.load(params, records, data / "tasks", data / "slices", data / "shortcuts", data / "teachers", {},
-                      collisions=False)
+    return report_inputs.load(params, records, data / "tasks", data / "slices", data / "shortcuts",
+                              data / "teachers", {})
 
 
 def judge(inp, params, plan: dict | None = None) -> pd.DataFrame:

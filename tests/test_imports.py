@@ -1,6 +1,7 @@
 """The package's import structure, read statically (``ast``) from every ``pipeline/**/*.py``: imports sit at the
 top of their module, except the heavy libraries in :data:`LAZY`; no pipeline module imports itself through others;
-each imports only modules placed before it in :data:`LAYERS`, the picture of docs/design.md §6, "Layers"."""
+each imports only modules placed before it in :data:`LAYERS`, the picture of docs/design.md §6, "Layers"; and no
+module grows past :data:`MAX_LINES` (one job per module)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ DESIGN = PACKAGE.parent / "docs" / "design.md"
 LAZY = ("torch", "torchvision", "lightning", "timm", "mlflow", "requests", "sqlalchemy", "matplotlib", "dask",
         "distributed", "pipeline.experiment", "pipeline.learner", "pipeline.families", "pipeline.finetune")
 
+MAX_LINES = 500  # a module this long holds more than one job: split it along its seams
+
 # The layer picture of docs/design.md §6, in reading order: a module imports only modules before it (the layers
 # above, and those to its left on its own layer). ``name/`` is a whole package, one place (its modules import each
 # other freely: a new family or task module needs no line here); ``pkg/mod`` is one module. The inits of packages
@@ -36,8 +39,9 @@ LAYERS = (
                          "live_runs", "experiment")),
     ("beside the runs", ("shortcut_bags", "shortcuts", "interface/", "finetune")),
     ("the report", tuple(f"report/{m}" for m in (
-        "sources", "sequential", "stats", "aggregate", "cells", "learnability", "contrasts", "gate", "measure",
-        "ledger", "seeds", "markdown", "figures", "dvc_plots", "natural", "finetune", "collisions", "pages"))),
+        "sources", "sequential", "stats", "aggregate", "cells", "inputs", "learnability", "contrasts", "gate",
+        "measure", "ledger", "seeds", "markdown", "figures", "dvc_plots", "natural", "finetune", "collisions",
+        "pages"))),
     ("entry points", ("stages/", "pair", "cli", "readme")),
 )
 
@@ -218,3 +222,9 @@ def test_the_layer_checks_see_a_misplaced_import_and_an_unplaced_module(tmp_path
     text = ("**Layers.** words\n```\nbase               low (note)  fam/\n"
             "                   -> more\ntop                high\n```\n")
     assert picture(text) == (("base", ("low", "fam/", "more")), ("top", ("high",)))
+
+
+def test_no_module_is_over_the_line_limit():
+    long = {p.relative_to(PACKAGE.parent).as_posix(): n for p in sorted(PACKAGE.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"over {MAX_LINES} lines (split along the module's seams): {long}"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +23,7 @@ from pipeline.report import (
     collisions,
     contrasts,
     gate,
+    inputs,
     learnability,
     ledger,
     markdown,
@@ -33,6 +34,7 @@ from pipeline.report import (
     stats,
 )
 from pipeline.report import figures as fig
+from pipeline.report.inputs import Inputs
 from pipeline.trained import read_model
 
 CELL_NOTE = ("Per cell: the mean over seeds of each seed's accuracy on the shared test items, with a {level:.0%} "
@@ -84,40 +86,13 @@ COLLISION_NOTE = ("Per task and seed (main grid, first test items by pool index)
                   "Level 1 on trained weights (pipeline/report/collisions.py).")
 
 
-@dataclass
-class Inputs:
-    """Everything the report reads, already loaded (paths resolved by the stage)."""
-
-    params: object
-    records: list[dict]
-    runs: pd.DataFrame
-    items: cells.Items
-    floors: dict[str, dict]
-    disagreement: dict
-    transfer_disagreement: dict  # (teacher, task) -> its disagreement with the labels on the transfer set
-    interface: dict
-    curve_runs: pd.DataFrame
-    collisions: pd.DataFrame
-    seed_plan: dict | None = None  # the plan stage's second look (data/plan/plan.json)
-
-
 def load(params, records: list[dict], tasks_dir: Path | None, slices_dir: Path | None,
-         shortcuts_dir: Path | None, teachers_dir: Path | None, interface: dict, seed_plan: dict | None = None,
-         collisions: bool = True) -> Inputs:
-    """Frames, per-item correctness of every run, floors and teacher disagreement (``collisions``: also the
-    null-space check on trained weights, which only the report prints)."""
-    runs = agg.runs_frame(records)
-    task_names = sorted(set(runs.task))
-    pools = {t: p for t in task_names if (p := sources.read_pool(tasks_dir, slices_dir, t)) is not None}
-    items = cells.Items(pools)
-    for r in runs.itertuples():
-        if r.task in pools and (pred := sources.read_predictions(r.dir)) is not None:
-            items.add(r.dir, r.task, *pred)
-    return Inputs(params, records, runs, items, sources.read_floors(shortcuts_dir, task_names),
-                  sources.teacher_disagreement(teachers_dir),
-                  sources.teacher_disagreement(teachers_dir, "transfer_disagree"), interface,
-                  runs[runs.source == "curve"],
-                  trained_collisions(params, runs, pools, tasks_dir) if collisions else pd.DataFrame(), seed_plan)
+         shortcuts_dir: Path | None, teachers_dir: Path | None, interface: dict,
+         seed_plan: dict | None = None) -> Inputs:
+    """:func:`pipeline.report.inputs.load` and the null-space check on trained weights, which only the report
+    prints."""
+    inp = inputs.load(params, records, tasks_dir, slices_dir, shortcuts_dir, teachers_dir, interface, seed_plan)
+    return replace(inp, collisions=trained_collisions(params, inp.runs, inp.items.pools, tasks_dir))
 
 
 def trained_collisions(params, runs: pd.DataFrame, pools: dict, tasks_dir: Path | None,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pipeline.errors import StageError
 from pipeline.io import write_json
-from pipeline.report import ledger, pages, seeds, sources
+from pipeline.report import inputs, ledger, seeds, sources
 from pipeline.stages.common import parse_stage, stage_main
 
 
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     records = sources.read_records(params, args.runs, args.teachers)
     if not records:
         raise StageError(f"no metrics.json under {args.runs} or {args.teachers}: nothing to plan from")
-    inp = pages.load(params, records, args.tasks, args.slices, args.shortcuts, args.teachers, {}, collisions=False)
+    inp = inputs.load(params, records, args.tasks, args.slices, args.shortcuts, args.teachers, {})
     first = ledger.judge(params, inp.runs, inp.items, inp.floors, inp.disagreement, params.seed,
                          transfer_rates=inp.transfer_disagreement)
     plan = seeds.make_plan(first, params, seeds.seed_prices(inp.runs))
