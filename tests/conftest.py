@@ -148,14 +148,20 @@ def checkout_status() -> str:
 TRAINING_FIXTURES = {"workspace", "copy_workspace", "reproduced_repo", "copy_reproduced_repo"}
 
 
-def pytest_collection_modifyitems(items):
-    """Mark the users of a training fixture ``slow``. Tests on ``reproduced_repo`` run last, so its background
-    build overlaps the rest; before them the other slow tests, so no worker is left with a long one at the end
-    (the sort is stable: files keep their order)."""
+def pytest_collection_modifyitems(config, items):
+    """Mark the users of a training fixture ``slow``, and order the tests for ``--dist worksteal`` (the Makefile's),
+    which first splits the list into one contiguous share per worker: each share gets its part of every kind, the
+    slow ones first, so no worker is left with a long one at the end, and the tests on ``reproduced_repo`` last, so
+    its background build has finished when a worker reaches them (ordered by kind only, a worker got fast tests
+    and then those, and waited ~35 s for the build). Files keep their order within a kind."""
     for item in items:
         if TRAINING_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: ("reproduced_repo" in item.fixturenames, item.get_closest_marker("slow") is None))
+    kinds = [[i for i in items if ("reproduced_repo" in i.fixturenames, i.get_closest_marker("slow") is None) == k]
+             for k in ((False, False), (False, True), (True, False), (True, True))]
+    workers = getattr(config, "workerinput", {}).get("workercount", 1)
+    items[:] = [i for w in range(workers) for kind in kinds for i in kind[len(kind) * w // workers:
+                                                                            len(kind) * (w + 1) // workers]]
 
 
 @pytest.fixture(autouse=True)
