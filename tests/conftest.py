@@ -23,7 +23,6 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-import lightning.pytorch
 import pytest
 import tiny_repo  # tests/ is on sys.path (pytest's rootdir-less test folder), like this conftest
 from filelock import FileLock, Timeout
@@ -169,6 +168,10 @@ def _fast_tests_train_nothing(request, monkeypatch):
     """``make test-fast`` (``-m "not slow"``) trains nothing: an unmarked test that fits a model fails here,
     naming itself, instead of quietly making the fast loop slow."""
     if request.node.get_closest_marker("slow") is None:
+        # imported here, not at the top: pytest's main process (the xdist controller) imports this file before it
+        # starts the workers, and Lightning would delay them by its ~6 s of imports
+        import lightning.pytorch
+
         def refuse(*_args, **_kwargs):
             raise AssertionError(f"{request.node.nodeid} trains a model (Trainer.fit): mark it `slow`")
         monkeypatch.setattr(lightning.pytorch.Trainer, "fit", refuse)
