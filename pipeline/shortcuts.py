@@ -162,9 +162,9 @@ A_CELL, B_CELL = ["row_a", "col_a"], ["row_b", "col_b"]
 OBJECTS: dict[str, tuple[str, list[tuple[str, list[list[str]], str, bool]]]] = {
     "alignment": ("glyph identity under sub-patch offsets", [
         ("position_alone", [["x", "y"]], "the glyph's pixel position (cell and offset), not its shape", False)]),
-    "scale": ("shape identity across sizes", [
-        ("size_alone", [["size"]], "the shape's size in px, not its shape", False),
-        ("position_alone", [["x", "y"]], "the shape's position, not its shape", False)]),
+    "scale": ("the object's configuration across sizes (pairs: which dots share a colour)", [
+        ("size_alone", [["size"]], "the object's size in px, not its configuration", False),
+        ("position_alone", [["x", "y"]], "the object's position, not its configuration", False)]),
     "relation": ("the relation between A's and B's colours (A and B must interact)", [
         ("colour_a_alone", [A_COLOUR], "mark A's colour, without B", False),
         ("colour_b_alone", [B_COLOUR], "mark B's colour, without A", False),

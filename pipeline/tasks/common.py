@@ -34,6 +34,10 @@ class SyntheticParams(Section):
     clutter: NonNegInt  # distractors: random pixels (alignment, scale), marks/glyphs (relation, arrangement)
 
 
+# Content colours of the marks and dots (distinct hues, none of them grey, so none equals a grey frame).
+PALETTE = np.array([[230, 25, 75], [60, 180, 75], [0, 130, 200], [255, 225, 25],
+                    [245, 130, 48], [145, 30, 180], [70, 240, 240], [240, 50, 230]], dtype=np.uint8)
+
 ROLE_FIT, ROLE_EVAL = "fit", "eval"
 # Transfer rows (alignment's ``transfer_n``): at factor values no fit row has, never trained on with their labels;
 # distillation students with ``transfer: true`` see them with a teacher's targets only.

@@ -35,7 +35,7 @@ import pandas as pd
 from pydantic import Field, model_validator
 
 from pipeline.sections import Geometry, NonNegInt, PosInt
-from pipeline.tasks.common import SyntheticParams, TaskData, roles, split_counts, task_rng
+from pipeline.tasks.common import PALETTE, SyntheticParams, TaskData, roles, split_counts, task_rng
 
 SLICE_FACTORS = ["distance_tokens", "window", "shifted_window"]
 
@@ -83,9 +83,6 @@ def check_windows(params) -> None:
         )
 
 
-# Content colours (distinct hues, none of them grey, so no content colour equals a frame colour).
-PALETTE = np.array([[230, 25, 75], [60, 180, 75], [0, 130, 200], [255, 225, 25],
-                    [245, 130, 48], [145, 30, 180], [70, 240, 240], [240, 50, 230]], dtype=np.uint8)
 FRAME_A, FRAME_B, FRAME_DISTRACTOR = 255, 128, 64  # grey levels, identical in every class
 
 

@@ -1,6 +1,18 @@
-"""``scale``: class = shape; its size runs from below one patch to several patches.
+"""``scale``: class = a configuration; its size runs over seen and unseen sizes (issue 52).
 
-Shapes are exact integer masks (:mod:`pipeline.shapes`), so every machine draws the same pixels. ``fit`` rows
+Two kinds of object (``objects``):
+
+- ``pairs`` (the default): four identical ``dot`` px squares at the corners of a ``size`` px box, two in one
+  colour and two in another; class ``rows``: each colour holds one row of the box (top two, bottom two),
+  ``columns``: one column. Both classes show the same four dots at the same four places in the same two
+  colours, so every position-free readout (any bag of local patterns, the colour histogram, a ViT without
+  position) is at chance exactly, and a window that sees one dot sees nothing of the class: only how the
+  colours are arranged across the box tells them apart, at every size. Quarter turns would swap the classes
+  (``rotate`` must be false).
+- ``shapes``: class = shape (:mod:`pipeline.shapes`), from below one patch to several. Bags of 3x3 local
+  patterns solve it at every size, unseen ones included (reports/shortcuts/), so no row can decide on it.
+
+Objects are exact integer masks, so every machine draws the same pixels. ``fit`` rows
 draw sizes from ``train_sizes``; ``eval`` rows from ``min_size..max_size`` (``id`` = size inside the training
 range), so unseen sizes are tested. ``transfer_n`` rows more, from their own random stream, have unseen sizes
 only: the distillation transfer set (docs/methods.md).
@@ -25,10 +37,16 @@ from pipeline.tasks import common
 from pipeline.tasks.common import SyntheticParams, TaskData
 
 SLICE_FACTORS = ["size", "size_bin", "straddles"]
+PAIRS = ["rows", "columns"]  # the pairs' classes: which way each colour's two dots lie
+DARK = 64  # the pairs' background: each channel uniform below this (the palette's colours are bright)
 
 
 class ScaleParams(SyntheticParams):
-    shapes: list[Literal["square", "frame", "triangle", "plus", "disc", "diamond", "zed", "ess"]]
+    objects: Literal["pairs", "shapes"] = "pairs"
+    dot: Annotated[int, Field(ge=1)] = 2  # pairs: px side of each dot
+    colours: Annotated[int, Field(ge=2, le=8)] = 4  # pairs: the dots' two colours come from this many
+    # shapes: the classes (unused with pairs)
+    shapes: list[Literal["square", "frame", "triangle", "plus", "disc", "diamond", "zed", "ess"]] = []
     rotate: bool  # each shape turned by a random quarter turn (factor `rotation`)
     min_size: Annotated[int, Field(ge=2)]  # px, over all (eval) rows
     max_size: PosInt
@@ -39,13 +57,20 @@ class ScaleParams(SyntheticParams):
 
     @model_validator(mode="after")
     def _sizes(self) -> ScaleParams:
-        if len(set(self.shapes)) != len(self.shapes) or len(self.shapes) < 2:
-            raise ValueError(f"shapes: need at least two distinct shapes, got {self.shapes}")
         check_range("train_sizes", self.train_sizes, self.min_size, self.max_size)
         if self.min_size > self.max_size:
             raise ValueError(f"max_size: {self.max_size} is below min_size {self.min_size}")
-        if problem := coinciding_shapes(list(self.shapes), self.min_size, self.max_size):
-            raise ValueError(f"min_size: {problem}")
+        if self.objects == "pairs":
+            if self.min_size <= 2 * self.dot:
+                raise ValueError(f"min_size: {self.min_size} px leaves no gap between two {self.dot} px dots "
+                                 f"(need more than {2 * self.dot})")
+            if self.rotate:
+                raise ValueError("rotate: a quarter turn swaps the pairs' classes (rows <-> columns); set it false")
+        else:
+            if len(set(self.shapes)) != len(self.shapes) or len(self.shapes) < 2:
+                raise ValueError(f"shapes: need at least two distinct shapes, got {self.shapes}")
+            if problem := coinciding_shapes(list(self.shapes), self.min_size, self.max_size):
+                raise ValueError(f"min_size: {problem}")
         if self.transfer_n and self.train_sizes == [self.min_size, self.max_size]:
             raise ValueError("transfer_n: every size is a training size, so there is no unseen size to draw from")
         return self
@@ -58,7 +83,7 @@ def fits(params) -> list[tuple[bool, str, str]]:
 
 def generate(n: int, seed: int, geometry: Geometry, cfg: ScaleParams) -> TaskData:
     rng = common.task_rng(seed, "scale")
-    k = len(cfg.shapes)
+    k = len(class_names(cfg))
     n_eval, n_fit = common.split_counts(n, cfg.eval_fraction)
     labels = np.concatenate([common.balanced_labels(rng, n_eval, k), common.balanced_labels(rng, n_fit, k)])
     lo, hi = cfg.train_sizes
@@ -78,30 +103,22 @@ def generate(n: int, seed: int, geometry: Geometry, cfg: ScaleParams) -> TaskDat
                     pd.concat([pool.factors, transfer.factors], ignore_index=True), pool.class_names)
 
 
+def class_names(cfg: ScaleParams) -> list[str]:
+    return PAIRS if cfg.objects == "pairs" else list(cfg.shapes)
+
+
 def _draw(rng: np.random.Generator, labels: np.ndarray, size: np.ndarray, role: np.ndarray, geometry: Geometry,
           cfg: ScaleParams) -> TaskData:
-    """Images of ``labels``' shapes at ``size`` px in random places (and quarter turns), colours, clutter, noise."""
+    """Images of ``labels``' objects at ``size`` px in random places (and quarter turns), colours, clutter, noise."""
     n, p, h = len(labels), geometry.patch_size, geometry.image_size
     lo, hi = cfg.train_sizes
     y0 = rng.integers(0, h - size + 1)
     x0 = rng.integers(0, h - size + 1)
     turns = rng.integers(0, 4, n) if cfg.rotate else np.zeros(n, dtype=np.int64)
-
-    # (N, H, W) box-local coordinates, then doubled and centred; int32 keeps squares exact.
-    s3 = size[:, None, None].astype(np.int32)
-    u = np.arange(h, dtype=np.int32)[None, :, None] - y0[:, None, None].astype(np.int32)
-    v = np.arange(h, dtype=np.int32)[None, None, :] - x0[:, None, None].astype(np.int32)
-    inside = (u >= 0) & (u < s3) & (v >= 0) & (v < s3)
-    a, b = quarter_turns(2 * u + 1 - s3, 2 * v + 1 - s3, turns[:, None, None])
-    mask = np.zeros((n, h, h), dtype=bool)
-    for c, name in enumerate(cfg.shapes):  # a loop over K classes, each step vectorised over its samples
-        sel = labels == c
-        mask[sel] = inside[sel] & SHAPES[name](a[sel], b[sel], s3[sel])
-
-    fg, bg = common.random_colours(rng, n, geometry.channels)
-    images = common.paint(mask, fg, bg)
-    common.scatter_pixels(images, rng, cfg.clutter, fg)
-    images = common.finish(images, rng, cfg.noise)
+    if cfg.objects == "pairs":
+        images = _pairs(rng, labels, size, y0, x0, h, geometry.channels, cfg)
+    else:
+        images = _shapes(rng, labels, size, y0, x0, turns, h, geometry.channels, cfg)
 
     straddles = (y0 // p != (y0 + size - 1) // p) | (x0 // p != (x0 + size - 1) // p)
     factors = pd.DataFrame({
@@ -114,4 +131,48 @@ def _draw(rng: np.random.Generator, labels: np.ndarray, size: np.ndarray, role: 
         "id": (size >= lo) & (size <= hi),
         "role": role,
     })
-    return TaskData(images, labels, factors, list(cfg.shapes))
+    return TaskData(images, labels, factors, class_names(cfg))
+
+
+def _box(size: np.ndarray, y0: np.ndarray, x0: np.ndarray, h: int) -> tuple[np.ndarray, ...]:
+    """(N, H, W) int32 box-local coordinates u (rows), v (columns) and the box sides, broadcast."""
+    s3 = size[:, None, None].astype(np.int32)
+    u = np.arange(h, dtype=np.int32)[None, :, None] - y0[:, None, None].astype(np.int32)
+    v = np.arange(h, dtype=np.int32)[None, None, :] - x0[:, None, None].astype(np.int32)
+    return u, v, s3
+
+
+def _pairs(rng: np.random.Generator, labels: np.ndarray, size: np.ndarray, y0: np.ndarray, x0: np.ndarray, h: int,
+           c: int, cfg: ScaleParams) -> np.ndarray:
+    """Four dots at the box's corners on a dark background: one colour on the top row (``rows``) or the left
+    column (``columns``), another on the rest, two distinct colours of the first ``colours`` of the palette."""
+    n, d = len(labels), cfg.dot
+    u, v, s3 = _box(size, y0, x0, h)
+    top, left = (u >= 0) & (u < d), (v >= 0) & (v < d)
+    dot = (top | ((u >= s3 - d) & (u < s3))) & (left | ((v >= s3 - d) & (v < s3)))
+    first = np.where(labels[:, None, None] == 0, top, left)  # the top row or the left column
+    a = rng.integers(0, cfg.colours, n)
+    b = (a + rng.integers(1, cfg.colours, n)) % cfg.colours  # any other palette colour
+    palette = common.PALETTE[:, :c] if c == 3 else common.PALETTE.mean(1, keepdims=True).astype(np.uint8)
+    bg = rng.integers(0, DARK, (n, c), dtype=np.uint8)
+    images = np.where((dot & first)[..., None], palette[a][:, None, None],
+                      np.where(dot[..., None], palette[b][:, None, None], bg[:, None, None]))
+    common.scatter_pixels(images, rng, cfg.clutter, palette[a])
+    return common.finish(images, rng, cfg.noise)
+
+
+def _shapes(rng: np.random.Generator, labels: np.ndarray, size: np.ndarray, y0: np.ndarray, x0: np.ndarray,
+            turns: np.ndarray, h: int, channels: int, cfg: ScaleParams) -> np.ndarray:
+    """Each label's shape (and quarter turn) in one colour on a background, clutter, noise."""
+    n = len(labels)
+    u, v, s3 = _box(size, y0, x0, h)
+    inside = (u >= 0) & (u < s3) & (v >= 0) & (v < s3)
+    a, b = quarter_turns(2 * u + 1 - s3, 2 * v + 1 - s3, turns[:, None, None])
+    mask = np.zeros((n, h, h), dtype=bool)
+    for c, name in enumerate(cfg.shapes):  # a loop over K classes, each step vectorised over its samples
+        sel = labels == c
+        mask[sel] = inside[sel] & SHAPES[name](a[sel], b[sel], s3[sel])
+    fg, bg = common.random_colours(rng, n, channels)
+    images = common.paint(mask, fg, bg)
+    common.scatter_pixels(images, rng, cfg.clutter, fg)
+    return common.finish(images, rng, cfg.noise)
