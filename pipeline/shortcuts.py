@@ -160,8 +160,9 @@ A_COLOUR, B_COLOUR = ["colour_a"], ["colour_b"]
 A_MARK, B_MARK = ["colour_a", "ya", "xa"], ["colour_b", "yb", "xb"]
 A_CELL, B_CELL = ["row_a", "col_a"], ["row_b", "col_b"]
 OBJECTS: dict[str, tuple[str, list[tuple[str, list[list[str]], str, bool]]]] = {
-    "alignment": ("glyph identity under sub-patch offsets", [
-        ("position_alone", [["x", "y"]], "the glyph's pixel position (cell and offset), not its shape", False)]),
+    "alignment": ("the object's configuration under sub-patch offsets (pairs: which dots share a colour)", [
+        ("position_alone", [["x", "y"]], "the object's pixel position (cell and offset), not its configuration",
+         False)]),
     "scale": ("the object's configuration across sizes (pairs: which dots share a colour)", [
         ("size_alone", [["size"]], "the object's size in px, not its configuration", False),
         ("position_alone", [["x", "y"]], "the object's position, not its configuration", False)]),

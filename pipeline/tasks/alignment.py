@@ -1,6 +1,15 @@
-"""``alignment``: class = glyph identity; the glyph sits at a controlled sub-patch offset to the patch grid.
+"""``alignment``: an object at a controlled sub-patch offset to the patch grid; class = what the object shows.
 
-Each glyph is placed with its top-left corner at ``(cell_y * P + dy, cell_x * P + dx)``: the *cell* is a
+Two kinds of object (``objects``):
+
+- ``pairs`` (the default): the scale task's four 1 px dots at the corners of a ``box`` px box, one colour on a
+  row or a column of it (:func:`common.paint_pairs`); with ``box`` = 1 mod P every dot sits at the same pixel of
+  its patch, (dx, dy), so an unseen offset puts every dot where the patch projection never saw one. Both classes
+  show the same dots at the same places: whatever ignores where they lie is at chance.
+- ``glyphs``: one of ``num_classes`` small binary glyphs. Bags of 3x3 local patterns name them at every offset,
+  unseen ones included (reports/shortcuts/), so no row can decide on it.
+
+Each object is placed with its top-left corner at ``(cell_y * P + dy, cell_x * P + dx)``: the *cell* is a
 whole-patch position (moving it is a whole-scene shift by a multiple of P, a pure token translation for a
 ViT), the *offset* ``(dx, dy)`` in ``0..P-1`` is the alignment to the grid (changing it changes what every
 patch contains). The two are drawn independently and recorded apart, so a reader can separate a shift of the
@@ -8,19 +17,19 @@ scene from a change of alignment. ``fit`` rows draw both offsets from ``train_of
 all of ``0..P-1`` (``id`` = both offsets inside the training range). ``transfer_n`` rows more, from their own
 random stream, have offsets outside the training range only: the distillation transfer set (docs/methods.md).
 
-Difficulty knobs: ``num_classes``, ``glyph_size``, ``glyph_flips`` (two glyphs differ in exactly
+Difficulty knobs (glyphs): ``num_classes``, ``glyph_size``, ``glyph_flips`` (two glyphs differ in exactly
 ``2 * glyph_flips`` pixels: small = similar), ``clutter`` (random foreground pixels), ``noise``.
 params.yaml draws ``noise: 0``, ``clutter: 0`` and trains on offsets 0..2, so offset 3 is the unseen one: at
 offsets 0..1 every patch-based arm sat at or below chance on the unseen offsets and the rows comparing them
 decided nothing (issue 27; docs/design.md section 2 has the probes).
 
-Shortcut fix (pipeline/shortcuts.py): every glyph has the same pixel count (``glyph_bank``), because the
+Shortcut fix (glyphs; pipeline/shortcuts.py): every glyph has the same pixel count (``glyph_bank``), because the
 foreground area alone told the 4 glyphs apart at 0.50 (chance 0.25); with equal areas it is at chance.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import numpy as np
 import pandas as pd
@@ -28,15 +37,18 @@ from pydantic import Field, model_validator
 
 from pipeline.sections import Geometry, NonNegInt, PosInt, Range, check_range
 from pipeline.tasks import common
-from pipeline.tasks.common import SyntheticParams, TaskData
+from pipeline.tasks.common import PAIRS, PairsParams, TaskData
 
 SLICE_FACTORS = ["offset", "dx", "dy", "position"]
 
 
-class AlignmentParams(SyntheticParams):
-    num_classes: Annotated[int, Field(ge=2)]
-    glyph_size: PosInt  # px; glyphs differ in exactly 2 * glyph_flips pixels (similarity knob)
-    glyph_flips: PosInt
+class AlignmentParams(PairsParams):
+    objects: Literal["pairs", "glyphs"] = "pairs"
+    box: Annotated[int, Field(ge=3)] = 9  # pairs: px side of the box whose corners hold the dots
+    # glyphs: the classes (unused with pairs)
+    num_classes: Annotated[int, Field(ge=2)] = 4
+    glyph_size: PosInt = 3  # px; glyphs differ in exactly 2 * glyph_flips pixels (similarity knob)
+    glyph_flips: PosInt = 2
     train_offsets: Range  # fit rows: dx, dy in this range; eval rows: all of 0..P-1
     # transfer rows: offsets outside train_offsets only, never trained on with their labels (distill.students
     # with transfer: true learn them from a teacher's targets); 0: none
@@ -45,7 +57,9 @@ class AlignmentParams(SyntheticParams):
     @model_validator(mode="after")
     def _glyphs(self) -> AlignmentParams:
         check_range("train_offsets", self.train_offsets)
-        if self.num_classes * self.glyph_flips > self.glyph_size**2 - 1:
+        if self.objects == "pairs" and self.box <= 2 * self.dot:
+            raise ValueError(f"box: {self.box} px leaves no gap between two {self.dot} px dots")
+        if self.objects == "glyphs" and self.num_classes * self.glyph_flips > self.glyph_size**2 - 1:
             raise ValueError(f"glyph_flips: {self.num_classes} classes x {self.glyph_flips} flips exceed the "
                              f"{self.glyph_size ** 2 - 1} flippable pixels of a {self.glyph_size} px glyph")
         return self
@@ -54,23 +68,28 @@ class AlignmentParams(SyntheticParams):
 def fits(params) -> list[tuple[bool, str, str]]:
     """(bad, key, why): what does not fit the geometry (checked after every section is valid)."""
     a, p, h = params.tasks.alignment, params.geometry.patch_size, params.geometry.image_size
+    key = "tasks.alignment.box" if a.objects == "pairs" else "tasks.alignment.glyph_size"
     return [(a.train_offsets[1] > p - 1, "tasks.alignment.train_offsets",
              f"{a.train_offsets} leaves the offsets 0..{p - 1} of a {p} px patch"),
-            (a.glyph_size + p - 1 > h, "tasks.alignment.glyph_size",
-             f"{a.glyph_size} px at offset {p - 1} does not fit a {h} px image")]
+            (extent(a) + p - 1 > h, key, f"{extent(a)} px at offset {p - 1} does not fit a {h} px image")]
 
 
-def num_cells(geometry: Geometry, glyph_size: int) -> int:
-    """Cells per axis where a glyph fits at every offset: cell * P + (P - 1) + glyph_size <= H."""
-    return (geometry.image_size - glyph_size - geometry.patch_size + 1) // geometry.patch_size + 1
+def extent(cfg: AlignmentParams) -> int:
+    """The object's side in px: the pairs' box or a glyph."""
+    return cfg.box if cfg.objects == "pairs" else cfg.glyph_size
+
+
+def num_cells(geometry: Geometry, size: int) -> int:
+    """Cells per axis where an object of ``size`` px fits at every offset: cell * P + (P - 1) + size <= H."""
+    return (geometry.image_size - size - geometry.patch_size + 1) // geometry.patch_size + 1
 
 
 def generate(n: int, seed: int, geometry: Geometry, cfg: AlignmentParams) -> TaskData:
     rng = common.task_rng(seed, "alignment")
-    p, k = geometry.patch_size, cfg.num_classes
+    p, k = geometry.patch_size, len(class_names(cfg))
     n_eval, n_fit = common.split_counts(n, cfg.eval_fraction)
     labels = np.concatenate([common.balanced_labels(rng, n_eval, k), common.balanced_labels(rng, n_fit, k)])
-    glyphs = common.glyph_bank(rng, k, cfg.glyph_size, cfg.glyph_flips)  # (K, g, g)
+    glyphs = common.glyph_bank(rng, k, cfg.glyph_size, cfg.glyph_flips) if cfg.objects == "glyphs" else None
     lo, hi = cfg.train_offsets
     dxy = np.concatenate([rng.integers(0, p, (n_eval, 2)), rng.integers(lo, hi + 1, (n_fit, 2))])
     pool = _draw(rng, labels, dxy, glyphs, common.roles(n_eval, n_fit), geometry, cfg)
@@ -87,20 +106,27 @@ def generate(n: int, seed: int, geometry: Geometry, cfg: AlignmentParams) -> Tas
                     pd.concat([pool.factors, transfer.factors], ignore_index=True), pool.class_names)
 
 
-def _draw(rng: np.random.Generator, labels: np.ndarray, dxy: np.ndarray, glyphs: np.ndarray, role: np.ndarray,
-          geometry: Geometry, cfg: AlignmentParams) -> TaskData:
-    """Images of ``labels``' glyphs at offsets ``dxy`` in random cells, colours, clutter and noise."""
+def class_names(cfg: AlignmentParams) -> list[str]:
+    return PAIRS if cfg.objects == "pairs" else [f"glyph{i}" for i in range(cfg.num_classes)]
+
+
+def _draw(rng: np.random.Generator, labels: np.ndarray, dxy: np.ndarray, glyphs: np.ndarray | None,
+          role: np.ndarray, geometry: Geometry, cfg: AlignmentParams) -> TaskData:
+    """Images of ``labels``' objects at offsets ``dxy`` in random cells, colours, clutter and noise."""
     n, p, h = len(labels), geometry.patch_size, geometry.image_size
     lo, hi = cfg.train_offsets
-    cells = rng.integers(0, num_cells(geometry, cfg.glyph_size), (n, 2))
+    cells = rng.integers(0, num_cells(geometry, extent(cfg)), (n, 2))
     ys, xs = cells[:, 0] * p + dxy[:, 1], cells[:, 1] * p + dxy[:, 0]
 
-    mask = np.zeros((n, h, h), dtype=bool)
-    common.stamp(mask, glyphs[labels], ys, xs)
-    fg, bg = common.random_colours(rng, n, geometry.channels)
-    images = common.paint(mask, fg, bg)
-    common.scatter_pixels(images, rng, cfg.clutter, fg)
-    images = common.finish(images, rng, cfg.noise)
+    if glyphs is None:
+        images = common.paint_pairs(rng, labels, np.full(n, cfg.box), ys, xs, h, geometry.channels, cfg)
+    else:
+        mask = np.zeros((n, h, h), dtype=bool)
+        common.stamp(mask, glyphs[labels], ys, xs)
+        fg, bg = common.random_colours(rng, n, geometry.channels)
+        images = common.paint(mask, fg, bg)
+        common.scatter_pixels(images, rng, cfg.clutter, fg)
+        images = common.finish(images, rng, cfg.noise)
 
     dx, dy = dxy[:, 0], dxy[:, 1]
     factors = pd.DataFrame({
@@ -112,4 +138,4 @@ def _draw(rng: np.random.Generator, labels: np.ndarray, dxy: np.ndarray, glyphs:
         "id": (dx >= lo) & (dx <= hi) & (dy >= lo) & (dy <= hi),
         "role": role,
     })
-    return TaskData(images, labels, factors, [f"glyph{i}" for i in range(cfg.num_classes)])
+    return TaskData(images, labels, factors, class_names(cfg))

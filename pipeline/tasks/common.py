@@ -34,6 +34,17 @@ class SyntheticParams(Section):
     clutter: NonNegInt  # distractors: random pixels (alignment, scale), marks/glyphs (relation, arrangement)
 
 
+class PairsParams(SyntheticParams):
+    """A task that can draw the pairs object (:func:`paint_pairs`): its dots' size and palette."""
+
+    dot: Annotated[int, Field(ge=1)] = 1  # pairs: px side of each dot
+    colours: Annotated[int, Field(ge=2, le=8)] = 4  # pairs: the dots' two colours come from this many
+
+
+PAIRS = ["rows", "columns"]  # the pairs' classes: which way each colour's two dots lie
+DARK = 64  # the pairs' background: each channel uniform below this (the palette's colours are bright)
+
+
 # Content colours of the marks and dots (distinct hues, none of them grey, so none equals a grey frame).
 PALETTE = np.array([[230, 25, 75], [60, 180, 75], [0, 130, 200], [255, 225, 25],
                     [245, 130, 48], [145, 30, 180], [70, 240, 240], [240, 50, 230]], dtype=np.uint8)
@@ -148,6 +159,30 @@ def scatter_pixels(images: np.ndarray, rng: np.random.Generator, k: int, colour:
     ys = rng.integers(0, h, (n, k))
     xs = rng.integers(0, w, (n, k))
     images[np.arange(n)[:, None], ys, xs] = colour[:, None, :]
+
+
+def paint_pairs(rng: np.random.Generator, labels: np.ndarray, size: np.ndarray, y0: np.ndarray, x0: np.ndarray,
+                h: int, channels: int, cfg: PairsParams) -> np.ndarray:
+    """The pairs object: four ``dot`` px dots at the corners of a ``size`` px box with its top-left corner at
+    (y0, x0), on a dark background; one colour on the top row (label 0, ``rows``) or the left column (label 1,
+    ``columns``), another on the other two, two distinct colours of the palette's first ``colours``. Both
+    classes show the same dots at the same places in the same colours: only how the colours pair up differs.
+    Returns uint8 (N, h, h, channels), clutter and noise added."""
+    n, d = len(labels), cfg.dot
+    s3 = size[:, None, None].astype(np.int32)
+    u = np.arange(h, dtype=np.int32)[None, :, None] - y0[:, None, None].astype(np.int32)
+    v = np.arange(h, dtype=np.int32)[None, None, :] - x0[:, None, None].astype(np.int32)
+    top, left = (u >= 0) & (u < d), (v >= 0) & (v < d)
+    dot = (top | ((u >= s3 - d) & (u < s3))) & (left | ((v >= s3 - d) & (v < s3)))
+    first = np.where(labels[:, None, None] == 0, top, left)  # the top row or the left column
+    a = rng.integers(0, cfg.colours, n)
+    b = (a + rng.integers(1, cfg.colours, n)) % cfg.colours  # any other palette colour
+    palette = PALETTE[:, :channels] if channels == 3 else PALETTE.mean(1, keepdims=True).astype(np.uint8)
+    bg = rng.integers(0, DARK, (n, channels), dtype=np.uint8)
+    images = np.where((dot & first)[..., None], palette[a][:, None, None],
+                      np.where(dot[..., None], palette[b][:, None, None], bg[:, None, None]))
+    scatter_pixels(images, rng, cfg.clutter, palette[a])
+    return finish(images, rng, cfg.noise)
 
 
 def finish(images: np.ndarray, rng: np.random.Generator, noise: int) -> np.ndarray:

@@ -34,17 +34,13 @@ from pydantic import Field, model_validator
 from pipeline.sections import Geometry, NonNegInt, PosInt, Range, check_range
 from pipeline.shapes import SHAPES, coinciding_shapes, quarter_turns
 from pipeline.tasks import common
-from pipeline.tasks.common import SyntheticParams, TaskData
+from pipeline.tasks.common import PAIRS, PairsParams, TaskData
 
 SLICE_FACTORS = ["size", "size_bin", "straddles"]
-PAIRS = ["rows", "columns"]  # the pairs' classes: which way each colour's two dots lie
-DARK = 64  # the pairs' background: each channel uniform below this (the palette's colours are bright)
 
 
-class ScaleParams(SyntheticParams):
+class ScaleParams(PairsParams):
     objects: Literal["pairs", "shapes"] = "pairs"
-    dot: Annotated[int, Field(ge=1)] = 2  # pairs: px side of each dot
-    colours: Annotated[int, Field(ge=2, le=8)] = 4  # pairs: the dots' two colours come from this many
     # shapes: the classes (unused with pairs)
     shapes: list[Literal["square", "frame", "triangle", "plus", "disc", "diamond", "zed", "ess"]] = []
     rotate: bool  # each shape turned by a random quarter turn (factor `rotation`)
@@ -116,7 +112,7 @@ def _draw(rng: np.random.Generator, labels: np.ndarray, size: np.ndarray, role: 
     x0 = rng.integers(0, h - size + 1)
     turns = rng.integers(0, 4, n) if cfg.rotate else np.zeros(n, dtype=np.int64)
     if cfg.objects == "pairs":
-        images = _pairs(rng, labels, size, y0, x0, h, geometry.channels, cfg)
+        images = common.paint_pairs(rng, labels, size, y0, x0, h, geometry.channels, cfg)
     else:
         images = _shapes(rng, labels, size, y0, x0, turns, h, geometry.channels, cfg)
 
@@ -134,38 +130,14 @@ def _draw(rng: np.random.Generator, labels: np.ndarray, size: np.ndarray, role: 
     return TaskData(images, labels, factors, class_names(cfg))
 
 
-def _box(size: np.ndarray, y0: np.ndarray, x0: np.ndarray, h: int) -> tuple[np.ndarray, ...]:
-    """(N, H, W) int32 box-local coordinates u (rows), v (columns) and the box sides, broadcast."""
-    s3 = size[:, None, None].astype(np.int32)
-    u = np.arange(h, dtype=np.int32)[None, :, None] - y0[:, None, None].astype(np.int32)
-    v = np.arange(h, dtype=np.int32)[None, None, :] - x0[:, None, None].astype(np.int32)
-    return u, v, s3
-
-
-def _pairs(rng: np.random.Generator, labels: np.ndarray, size: np.ndarray, y0: np.ndarray, x0: np.ndarray, h: int,
-           c: int, cfg: ScaleParams) -> np.ndarray:
-    """Four dots at the box's corners on a dark background: one colour on the top row (``rows``) or the left
-    column (``columns``), another on the rest, two distinct colours of the first ``colours`` of the palette."""
-    n, d = len(labels), cfg.dot
-    u, v, s3 = _box(size, y0, x0, h)
-    top, left = (u >= 0) & (u < d), (v >= 0) & (v < d)
-    dot = (top | ((u >= s3 - d) & (u < s3))) & (left | ((v >= s3 - d) & (v < s3)))
-    first = np.where(labels[:, None, None] == 0, top, left)  # the top row or the left column
-    a = rng.integers(0, cfg.colours, n)
-    b = (a + rng.integers(1, cfg.colours, n)) % cfg.colours  # any other palette colour
-    palette = common.PALETTE[:, :c] if c == 3 else common.PALETTE.mean(1, keepdims=True).astype(np.uint8)
-    bg = rng.integers(0, DARK, (n, c), dtype=np.uint8)
-    images = np.where((dot & first)[..., None], palette[a][:, None, None],
-                      np.where(dot[..., None], palette[b][:, None, None], bg[:, None, None]))
-    common.scatter_pixels(images, rng, cfg.clutter, palette[a])
-    return common.finish(images, rng, cfg.noise)
-
-
 def _shapes(rng: np.random.Generator, labels: np.ndarray, size: np.ndarray, y0: np.ndarray, x0: np.ndarray,
             turns: np.ndarray, h: int, channels: int, cfg: ScaleParams) -> np.ndarray:
     """Each label's shape (and quarter turn) in one colour on a background, clutter, noise."""
     n = len(labels)
-    u, v, s3 = _box(size, y0, x0, h)
+    # (N, H, W) box-local coordinates, then doubled and centred; int32 keeps squares exact.
+    s3 = size[:, None, None].astype(np.int32)
+    u = np.arange(h, dtype=np.int32)[None, :, None] - y0[:, None, None].astype(np.int32)
+    v = np.arange(h, dtype=np.int32)[None, None, :] - x0[:, None, None].astype(np.int32)
     inside = (u >= 0) & (u < s3) & (v >= 0) & (v < s3)
     a, b = quarter_turns(2 * u + 1 - s3, 2 * v + 1 - s3, turns[:, None, None])
     mask = np.zeros((n, h, h), dtype=bool)
