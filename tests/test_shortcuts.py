@@ -135,8 +135,8 @@ def test_floors_per_slice_on_a_task_with_unseen_offsets():
     role, in_dist = d.factors["role"].to_numpy(), d.factors["id"].to_numpy()
     train, test = np.flatnonzero(role == "fit")[:100], np.flatnonzero(role == "eval")
     slices = {"slice/id": test[in_dist[test]], "slice/ood": test[~in_dist[test]]}
-    rec = floors("alignment", d.images, d.labels, d.factors, train, test, 4, 4, 0, slices)
-    assert rec["chance"] <= 0.35 and {"foreground_area", "tokens_pos", "position_alone"} <= set(rec["baselines"])
+    rec = floors("alignment", d.images, d.labels, d.factors, train, test, 2, 4, 0, slices)
+    assert rec["chance"] <= 0.6 and {"foreground_area", "tokens_pos", "position_alone"} <= set(rec["baselines"])
     for name, idx in slices.items():
         got = {b: r["slices"][name] for b, r in rec["baselines"].items()}
         assert all(g["n"] == len(idx) for g in got.values())

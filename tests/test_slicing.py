@@ -129,7 +129,7 @@ def test_twin_checks_refuse_straddles_and_odd_sizes():
 
 def test_id_and_ood_slices_where_a_training_range_exists():
     data, factors = pool("alignment")
-    out = make_splits(data.labels, factors, 4, ["offset"], CFG, seed=0, task="alignment")
+    out = make_splits(data.labels, factors, len(data.class_names), ["offset"], CFG, seed=0, task="alignment")
     assert len(out["slice/id"]) + len(out["slice/ood"]) == len(out["test"])
     assert factors["id"].to_numpy()[out["slice/id"]].all() and not factors["id"].to_numpy()[out["slice/ood"]].any()
     assert "slice/offset=3,3" in out  # every alignment is tested, though training saw dx, dy in [0, 1]
@@ -205,7 +205,8 @@ def test_manifest_records_sizes_counts_hashes_and_ranges():
     assert man["arrays"]["train_120"]["size"] == 120
     assert sum(man["arrays"]["val"]["class_counts"].values()) == 40
     assert len(man["arrays"]["test"]["sha256"]) == 64
-    assert man["factor_ranges"]["train_120"]["size"][1] <= 8 < man["factor_ranges"]["test"]["size"][1]
+    hi = tiny_repo.repo_params().tasks.scale.train_sizes[1]  # the largest training size; test goes beyond
+    assert man["factor_ranges"]["train_120"]["size"][1] <= hi < man["factor_ranges"]["test"]["size"][1]
 
 
 def test_slice_stage_end_to_end(tmp_path, capsys):

@@ -105,6 +105,17 @@ def test_alignment_transfer_rows_are_unseen_offsets_and_leave_the_pool_alone():
     np.testing.assert_array_equal(ymin % GEO.patch_size, rows["dy"])
 
 
+def test_alignment_pairs_put_every_dot_at_the_offset_pixel_of_its_patch():
+    """A 9 px box (1 mod P): its four dots all sit at pixel (dx, dy) of their patches, so an unseen offset is a
+    patch pixel where no training image had a dot."""
+    d = make("alignment", n=400)
+    bg = background(d.images)
+    rows, ys, xs = np.nonzero((d.images != bg[:, None, None, :]).any(-1))
+    assert (np.bincount(rows) == 4).all()
+    np.testing.assert_array_equal(ys % GEO.patch_size, d.factors["dy"].to_numpy()[rows])
+    np.testing.assert_array_equal(xs % GEO.patch_size, d.factors["dx"].to_numpy()[rows])
+
+
 def test_alignment_offset_read_back_from_pixels():
     d = make("alignment", n=2000, train_offsets=[0, 1], noise=0, clutter=0)  # clean: read back exactly
     bg = background(d.images)
@@ -153,17 +164,19 @@ def test_scale_size_and_straddle_read_back_from_pixels():
     assert set(f["size_bin"]) == {"sub" if s < p else "patch" if s < 2 * p else "multi" for s in sizes}
 
 
-def test_scale_pairs_read_back_from_pixels():
+@pytest.mark.parametrize("task", ["scale", "alignment"])
+def test_pairs_read_back_from_pixels(task):
     """Four dots at the box's corners in two palette colours: the two dots of the top row share a colour exactly
     when the class is ``rows``, those of the left column when it is ``columns``; nothing else is drawn."""
     from pipeline.tasks.common import PALETTE
 
-    cfg = REPO.tasks.scale
+    cfg = getattr(REPO.tasks, task)
     assert cfg.objects == "pairs" and cfg.dot == 1  # what params.yaml runs
-    d = make("scale", n=600)
+    d = make(task, n=600)
     assert d.class_names == ["rows", "columns"]
-    for i, r in enumerate(d.factors.itertuples()):
-        ys, xs = [r.y, r.y + r.size - 1], [r.x, r.x + r.size - 1]
+    sizes = d.factors["size"] if task == "scale" else np.full(len(d.labels), cfg.box)
+    for i, (r, size) in enumerate(zip(d.factors.itertuples(), sizes, strict=True)):
+        ys, xs = [r.y, r.y + size - 1], [r.x, r.x + size - 1]
         corner = {(a, b): d.images[i, y, x] for a, y in enumerate(ys) for b, x in enumerate(xs)}
         assert all((c == PALETTE[:cfg.colours]).all(-1).any() for c in corner.values())
         top, left = np.array_equal(corner[0, 0], corner[0, 1]), np.array_equal(corner[0, 0], corner[1, 0])
@@ -315,7 +328,9 @@ def test_arrangement_twins_are_the_same_multiset_of_patches():
 @pytest.mark.parametrize("raw, key", [
     ({"tasks": {"alignment": {"train_offsets": [0, 9]}}}, "tasks.alignment.train_offsets"),
     ({"tasks": {"alignment": {"train_offsets": [2, 1]}}}, "tasks.alignment.train_offsets"),
-    ({"tasks": {"alignment": {"glyph_flips": 5}}}, "tasks.alignment.glyph_flips"),
+    ({"tasks": {"alignment": {"objects": "glyphs", "glyph_flips": 5}}}, "tasks.alignment.glyph_flips"),
+    ({"tasks": {"alignment": {"box": 14}}}, "tasks.alignment.box"),  # 14 px at offset 3 leaves a 16 px image
+    ({"tasks": {"alignment": {"box": 2}}}, "tasks.alignment.box"),  # no gap between two dots
     ({"tasks": {"scale": {"objects": "shapes", "shapes": ["disc", "plus"], "min_size": 3}}}, "tasks.scale.min_size"),
     ({"tasks": {"scale": {"min_size": 2}}}, "tasks.scale.min_size"),  # pairs: no gap between two dots
     ({"tasks": {"scale": {"rotate": True}}}, "tasks.scale.rotate"),  # pairs: a quarter turn swaps the classes
@@ -436,7 +451,7 @@ def test_generate_stage_outputs_and_byte_deterministic_samples(tmp_path):
     meta = json.loads((out / "meta.json").read_text())
     images, labels = np.load(out / "images.npy"), np.load(out / "labels.npy")
     assert images.shape == (400, 16, 16, 3) and labels.shape == (400,)
-    assert meta["num_classes"] == 4 and meta["n"] == 400
+    assert meta["num_classes"] == 2 and meta["n"] == 400  # rows, columns
     from pipeline.io import sha256_bytes
 
     assert meta["sha256"]["images"] == sha256_bytes(images.tobytes())
