@@ -883,8 +883,8 @@ JSON_SHAPES = [  # data files: JSON of the wrong shape, or NaN and infinities wh
     Case("meta-nested-too-deep", "slice", write("data/tasks/alignment/meta.json", b"[" * 200000),
          ("meta.json", "nested deeper")),
     Case("meta-classes-disagree-with-labels", "slice",
-         both(reshape("data/tasks/alignment/meta.json", "num_classes", 3),
-              reshape("data/tasks/alignment/meta.json", "class_names", ["a", "b", "c"])),
+         both(reshape("data/tasks/alignment/meta.json", "num_classes", 1),  # the labels hold 2
+              reshape("data/tasks/alignment/meta.json", "class_names", ["a"])),
          ("meta.json", "do not describe labels.npy")),
     Case("provenance-seed-nan", "train", reshape(PROVENANCE, "seed", NAN), ("provenance.json", "'seed'")),
     Case("provenance-disagreement-nan", "train", reshape(PROVENANCE, "student_train_disagreement", NAN),
