@@ -923,7 +923,7 @@ DATA_CONTENT = [  # data files: the wrong dtype, shape or values, tampered, or f
          ("indices.npz", "test does not hash to", "manifest.json")),
     Case("train-index-swapped", "train", tamper_index("val", lambda a: a.__setitem__(..., a[::-1].copy())),
          ("indices.npz", "val does not hash to")),
-    Case("train-label-out-of-range-forged", "train", forge_label, ("labels.npy", "labels outside 0..3")),
+    Case("train-label-out-of-range-forged", "train", forge_label, ("labels.npy", "labels outside 0..1")),
     Case("train-subset-overlaps-test-forged", "train", forge_overlap,
          ("indices.npz", "train_128 shares images with test")),
     Case("indices-without-val", "train", drop_index("val"), ("indices.npz", "no val array")),
