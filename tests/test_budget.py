@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 import tiny_repo
@@ -136,23 +138,25 @@ def _expected_tokens(arch: str, params) -> int:
 
 @pytest.fixture(scope="module")
 def workspace_budget(workspace):
-    """The workspace's params and its budget table at alignment's classes, built once for every arch below."""
+    """The workspace's params and its budget table at alignment's classes (as its data records them), built once
+    for every arch below."""
     params = load_params(workspace / "params.yaml")
-    return params, architecture_table(params, params.tasks.alignment.num_classes).set_index("arch")
+    classes = json.loads((workspace / "data/tasks/alignment/meta.json").read_text())["num_classes"]
+    return params, architecture_table(params, classes).set_index("arch"), classes
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_one_step_of_every_arch_records_its_family_budget(arch, workspace, workspace_budget, tmp_path):
     # Through the training code itself, so a budget record that reads the wrong module attribute (a family
     # whose embedding is not `patch_embed` counted as pixels) fails here rather than in a report.
-    params, table = workspace_budget
+    params, table, classes = workspace_budget
     key = RunKey("alignment", arch, 0, params.train.size, 1, "steps")
     at = Folders(workspace / "data/tasks", workspace / "data/slices", tmp_path / "runs", tmp_path / "ckpt")
     [spec] = specs_for("train", [key], at)
     result = experiment.fit(experiment.Job(spec, params, "test", None))
     got, row = result["budget"], table.loc[arch]
     images = result["steps_done"] * params.train.recipe.batch_size
-    assert result["steps_done"] == 1 and result["num_classes"] == params.tasks.alignment.num_classes
+    assert result["steps_done"] == 1 and result["num_classes"] == classes
     assert got["params"] == row.params
     assert got["forward_flops_per_image"] == row.forward_flops  # counted in the run == the family's formula
     assert got["tokens_per_image"] == _expected_tokens(arch, params)

@@ -27,7 +27,7 @@ def _fake_runs(ws: Path, params: Params) -> list:
     for s in specs:
         s.out_dir.mkdir(parents=True)
         torch.manual_seed(s.key.seed)
-        torch.save(build_model(s.model, params, 4).state_dict(), s.out_dir / "weights.pt")
+        torch.save(build_model(s.model, params, 2).state_dict(), s.out_dir / "weights.pt")
         (s.out_dir / "metrics.json").write_text(json.dumps({
             "task": s.key.task, "arch": s.key.arch, "seed": s.key.seed, "train_size": s.key.train_size,
             "test_acc": 0.25, "val_acc": 0.25, "slices": {"test": {"acc": 0.25}}}))

@@ -103,7 +103,7 @@ def test_run_is_tracked_with_budget_slices_and_curves(runs):
     assert {"params", "optimizer_steps", "images_seen", "tokens_seen", "train_flops"} <= set(m["budget"])
     assert m["budget"]["optimizer_steps"] == 20 and m["budget"]["images_seen"] == 20 * 16
     assert any(k.startswith("slice/") for k in m["slices"])
-    assert (folder(runs["out"]["a"]) / WEIGHTS).exists() and m["num_classes"] == 4
+    assert (folder(runs["out"]["a"]) / WEIGHTS).exists() and m["num_classes"] == 2
     c = client(runs)
     rec = c.get_run(m["mlflow_run_id"])
     assert rec.info.status == "FINISHED" and rec.info.run_name == "train/vit/alignment/s0 n128-t20-d0-criterion"
