@@ -57,8 +57,8 @@ class AlignmentParams(PairsParams):
     @model_validator(mode="after")
     def _glyphs(self) -> AlignmentParams:
         check_range("train_offsets", self.train_offsets)
-        if self.objects == "pairs" and self.box <= 2 * self.dot:
-            raise ValueError(f"box: {self.box} px leaves no gap between two {self.dot} px dots")
+        if self.objects == "pairs":
+            self.check_box("box", self.box)
         if self.objects == "glyphs" and self.num_classes * self.glyph_flips > self.glyph_size**2 - 1:
             raise ValueError(f"glyph_flips: {self.num_classes} classes x {self.glyph_flips} flips exceed the "
                              f"{self.glyph_size ** 2 - 1} flippable pixels of a {self.glyph_size} px glyph")

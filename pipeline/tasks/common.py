@@ -40,6 +40,12 @@ class PairsParams(SyntheticParams):
     dot: Annotated[int, Field(ge=1)] = 1  # pairs: px side of each dot
     colours: Annotated[int, Field(ge=2, le=8)] = 4  # pairs: the dots' two colours come from this many
 
+    def check_box(self, key: str, side: int) -> None:
+        """Refuse a box whose side (params key ``key``) leaves no gap between two dots of one of its sides."""
+        if side <= 2 * self.dot:
+            raise ValueError(f"{key}: {side} px leaves no gap between two {self.dot} px dots (need more than "
+                             f"{2 * self.dot})")
+
 
 PAIRS = ["rows", "columns"]  # the pairs' classes: which way each colour's two dots lie
 DARK = 64  # the pairs' background: each channel uniform below this (the palette's colours are bright)

@@ -57,9 +57,7 @@ class ScaleParams(PairsParams):
         if self.min_size > self.max_size:
             raise ValueError(f"max_size: {self.max_size} is below min_size {self.min_size}")
         if self.objects == "pairs":
-            if self.min_size <= 2 * self.dot:
-                raise ValueError(f"min_size: {self.min_size} px leaves no gap between two {self.dot} px dots "
-                                 f"(need more than {2 * self.dot})")
+            self.check_box("min_size", self.min_size)
             if self.rotate:
                 raise ValueError("rotate: a quarter turn swaps the pairs' classes (rows <-> columns); set it false")
         else:
