@@ -1,9 +1,10 @@
 """Position-free shortcut features and the exact additive readout (the floor battery of pipeline/shortcuts.py).
 
 - **bags of local patterns**: every k x k window of an image reduced to one code (binarised: foreground or not;
-  quantised: grey level in ``QUANT_LEVELS`` bins), counted over the image (``global``) or per image quadrant
-  (``pooled``, 2 x 2): what a readout sees that knows which small patterns occur but not where, nor how they
-  combine beyond k px. A vocabulary of the ``BAG_VOCAB`` commonest codes is learned on the training rows.
+  quantised: grey level in ``QUANT_LEVELS`` bins; colour: each channel bright or not, so red and green differ where
+  their grey levels match), counted over the image (``global``) or per image quadrant (``pooled``, 2 x 2): what a
+  readout sees that knows which small patterns occur but not where, nor how they combine beyond k px. A vocabulary
+  of the ``BAG_VOCAB`` commonest codes is learned on the training rows.
 - **bag of patches**: k-means dictionary (MiniBatchKMeans on a capped sample of training patches) of contrast-
   normalised k x k colour patches, triangle-coded and summed over the image or per quadrant (Coates & Ng 2011).
 - **exact additive readout**: the best rule ``u(group 1) + v(group 2) > 0`` over a task's named factors,
@@ -32,15 +33,24 @@ CHUNK_FLOATS = 1 << 22
 
 
 # --------------------------------------------------------------------------- bags of local patterns
-def pattern_codes(images: np.ndarray, k: int, levels: int) -> np.ndarray:
-    """(N, H, W, C) uint8 -> (N, H-k+1, W-k+1) int64: each k x k window's code (pixels binarised against the
-    image's median colour when ``levels`` is 2, else grey quantised to ``levels``)."""
+def pixel_codes(images: np.ndarray, mode: str) -> tuple[np.ndarray, int]:
+    """(N, H, W, C) uint8 -> ((N, H, W) int64 code of each pixel, number of codes): ``b`` binarised against the
+    image's median colour, ``q`` grey quantised to ``QUANT_LEVELS``, ``c`` each channel bright (> 127) or not."""
     x = images.astype(np.int16)
-    if levels == 2:
+    if mode == "b":
         median = np.median(x.reshape(len(x), -1, x.shape[-1]), axis=1)[:, None, None, :]
-        q = (np.abs(x - median).max(-1) > FOREGROUND).astype(np.int64)
-    else:
-        q = (x.mean(-1) * levels // 256).astype(np.int64)
+        return (np.abs(x - median).max(-1) > FOREGROUND).astype(np.int64), 2
+    if mode == "q":
+        return (x.mean(-1) * QUANT_LEVELS // 256).astype(np.int64), QUANT_LEVELS
+    if mode == "c":
+        return ((x > 127) * 2 ** np.arange(x.shape[-1])).sum(-1).astype(np.int64), 2 ** x.shape[-1]
+    raise ValueError(f"pattern mode {mode!r}: expected b, q or c")
+
+
+def pattern_codes(images: np.ndarray, k: int, mode: str) -> np.ndarray:
+    """(N, H, W, C) uint8 -> (N, H-k+1, W-k+1) int64: each k x k window's code over its pixels' codes
+    (:func:`pixel_codes`)."""
+    q, levels = pixel_codes(images, mode)
     g = q.shape[1] - k + 1
     codes = np.zeros((len(q), g, g), dtype=np.int64)
     for i, (dy, dx) in enumerate(itertools.product(range(k), range(k))):  # a window's pixel i has weight levels**i
@@ -69,10 +79,10 @@ def bag(codes: np.ndarray, vocab: np.ndarray, pooled: bool) -> np.ndarray:
     return np.bincount(flat, minlength=n * bins).reshape(n, bins).astype(np.float32)
 
 
-def pattern_bag(images: np.ndarray, n_fit: int, k: int, levels: int, pooled: bool) -> np.ndarray:
-    """Bag of k x k local patterns of every image; the vocabulary is the ``BAG_VOCAB`` commonest codes of the
-    first ``n_fit`` images (the training rows)."""
-    codes = pattern_codes(images, k, levels)
+def pattern_bag(images: np.ndarray, n_fit: int, k: int, mode: str, pooled: bool) -> np.ndarray:
+    """Bag of k x k local patterns (``mode``: :func:`pixel_codes`) of every image; the vocabulary is the
+    ``BAG_VOCAB`` commonest codes of the first ``n_fit`` images (the training rows)."""
+    codes = pattern_codes(images, k, mode)
     values, counts = np.unique(codes[:n_fit], return_counts=True)
     vocab = np.sort(values[np.argsort(-counts, kind="stable")[:BAG_VOCAB]])
     return bag(codes, vocab, pooled)

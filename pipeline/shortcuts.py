@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 from scipy.sparse import csr_matrix
 from scipy.stats import binomtest
+from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import OneHotEncoder, StandardScaler
@@ -41,7 +42,13 @@ FOREGROUND_DIFF = 48  # grey levels from the image's median colour that count as
 RANDOM_FEATURES = 64  # per-patch random ReLU features
 C_GRID = (0.1, 1.0)  # inverse regularisation strengths tried; the best on the val split is scored
 SPARSE_BELOW = 0.2  # a feature matrix with fewer nonzeros than this share is fitted as a sparse matrix
-BAGS = ((3, 2), (3, 3), (5, 2), (5, 3))  # (k, levels) of the local-pattern bags: binarised and quantised
+# (k, pixel code) of the local-pattern bags: binarised, grey-quantised, colour (3x3 only: a 5x5 window of 8
+# colours has 8**25 codes, past int64)
+BAGS = ((3, "b"), (3, "q"), (5, "b"), (5, "q"), (3, "c"))
+BAG_KINDS = {"b": "binarised", "q": "grey-quantised", "c": "colour (each channel bright or not)"}
+TREES = "_trees"  # suffix of a global bag read by gradient-boosted trees instead of a linear model
+TREE_DEPTHS = (3, None)  # max_depth of the trees tried; the best on the val split is scored
+TREE_ROUNDS = 100  # boosting rounds (one tree per class each)
 KMEANS_PATCH = 5  # px side of the bag-of-patches dictionary's patches
 POSITION_FREE = "where each local pattern lies, and any arrangement wider than its window"
 QUADRANT_FREE = "where each local pattern lies within its image quadrant, and any arrangement wider than its window"
@@ -212,12 +219,12 @@ def bag_features(images: np.ndarray, n_fit: int, seed: int) -> Iterator[tuple[st
     """The position-free bags (pipeline/shortcut_bags.py), one at a time: (name, what it sees, features), so that
     only one bag is held at once (at 60,000 images the eight pattern bags together need ~5 GB); vocabularies and
     the dictionary are learned on the first ``n_fit`` images (the training rows)."""
-    for k, levels in BAGS:
-        kind = "binarised" if levels == 2 else f"{levels}-level quantised"
+    for k, mode in BAGS:
         for pooled in (False, True):
-            name = f"bag{k}{'b' if levels == 2 else 'q'}_{'pooled' if pooled else 'global'}"
-            yield (name, f"counts of {kind} {k}x{k} pixel patterns, {'per image quadrant' if pooled else 'anywhere'}",
-                   pattern_bag(images, n_fit, k, levels, pooled))
+            name = f"bag{k}{mode}_{'pooled' if pooled else 'global'}"
+            where = "per image quadrant" if pooled else "anywhere"
+            yield (name, f"counts of {BAG_KINDS[mode]} {k}x{k} pixel patterns, {where}",
+                   pattern_bag(images, n_fit, k, mode, pooled))
     g, p = kmeans_bags(images, n_fit, KMEANS_PATCH, seed)
     for name, where, x in (("kmeans_global", "anywhere", g), ("kmeans_pooled", "per image quadrant", p)):
         yield name, f"{KMEANS_PATCH}x{KMEANS_PATCH} patches coded over a k-means dictionary, summed {where}", x
@@ -233,7 +240,7 @@ def ignores(task: str, name: str) -> str:
     if name in IGNORES:
         return IGNORES[name]
     if name.startswith(("bag", "kmeans")):
-        return QUADRANT_FREE if name.endswith("_pooled") else POSITION_FREE
+        return QUADRANT_FREE if name.endswith("_pooled") else POSITION_FREE  # the trees read a global bag
     if name.endswith("_exact"):
         return "any interaction between the groups it adds"
     return OBJECTS[task][0]
@@ -275,6 +282,24 @@ def fit_predict(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, ca
     return best
 
 
+def fit_trees(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, categorical: bool = False,
+              x_val: np.ndarray | None = None, y_val: np.ndarray | None = None) -> np.ndarray:
+    """Gradient-boosted trees (scikit-learn's histogram GBDT) fitted on (x_train, y_train); the predicted class of
+    each test row. A tree reads a count through thresholds, so presence (count > 0) and which codes occur
+    together are in its reach, where a linear read of a bag only adds counts: two classes whose bags have equal
+    means but differ in which codes co-occur (the pairs' colour pairing near the image border) are alike to a
+    linear read and not to trees. With a val split, the depth is chosen on it (:data:`TREE_DEPTHS`)."""
+    best, best_acc = None, -1.0
+    for depth in TREE_DEPTHS if x_val is not None else TREE_DEPTHS[:1]:
+        model = HistGradientBoostingClassifier(max_depth=depth, max_iter=TREE_ROUNDS, early_stopping=False,
+                                               random_state=0)
+        model.fit(x_train, y_train)
+        acc = float((model.predict(x_val) == y_val).mean()) if x_val is not None else 0.0
+        if acc > best_acc:
+            best, best_acc = model.predict(x_test), acc
+    return best
+
+
 def score(correct: np.ndarray) -> dict:
     """acc, n and the Wilson interval of a boolean vector of correct predictions."""
     k, n = int(correct.sum()), len(correct)
@@ -300,16 +325,23 @@ def floors(task: str, images: np.ndarray, labels: np.ndarray, factors: pd.DataFr
     n_tr, n_va = len(train), len(val)
     y_train, y_val, y_test = labels[train], labels[val], labels[test]
     members = {name: np.isin(test, idx) for name, idx in (slices or {}).items()}
-    def features():  # one feature matrix at a time: each is fitted, then dropped
+    def features():  # one feature matrix at a time: each is fitted (once or twice), then dropped
         for b in task_baselines(task, patch, seed):
-            yield b.name, b.uses, (b.uses_factor, False), b.features(im, fac), getattr(b.features, "categorical", False)
+            yield (b.name, b.uses, (b.uses_factor, False), b.features(im, fac),
+                   getattr(b.features, "categorical", False), [("", fit_predict)])
         for name, uses, x in bag_features(im, n_tr, seed):
-            yield name, uses, pooled_role(task) if name.endswith("_pooled") else (False, False), x, False
+            role = pooled_role(task) if name.endswith("_pooled") else (False, False)
+            # a global bag is also read by trees: a nonlinear read of the same position-free counts
+            readers = [("", fit_predict)] + ([(TREES, fit_trees)] if name.endswith("_global") else [])
+            yield name, uses, role, x, False, readers
 
     predicted = {}
-    for name, uses, role, x, categorical in features():
+    for name, uses, role, x, categorical, readers in features():
         fit_val = (x[n_tr: n_tr + n_va], y_val) if n_va else (None, None)
-        predicted[name] = (uses, role, fit_predict(x[:n_tr], y_train, x[n_tr + n_va:], categorical, *fit_val))
+        for suffix, fit in readers:
+            how = ", read by gradient-boosted trees" if suffix else ""
+            predicted[name + suffix] = (uses + how, role, fit(x[:n_tr], y_train, x[n_tr + n_va:], categorical,
+                                                              *fit_val))
         del x, fit_val
     for name, cols, uses, uses_factor in OBJECTS[task][1]:
         if len(cols) > 1:  # the exact optimum of the additive readout, beside its logistic fit

@@ -11,12 +11,20 @@ import pytest
 import tiny_repo
 import yaml
 
-from pipeline.shortcut_bags import BAG_VOCAB, exact_additive, kmeans_bags, pattern_bag, staircase_fit
+from pipeline.shortcut_bags import (
+    BAG_VOCAB,
+    exact_additive,
+    kmeans_bags,
+    pattern_bag,
+    pixel_codes,
+    staircase_fit,
+)
 from pipeline.shortcuts import (
     channel_histograms,
     colour_histogram,
     factor_onehot,
     fit_score,
+    fit_trees,
     floors,
     foreground_area,
     tokens_bag,
@@ -26,6 +34,7 @@ from pipeline.stages import generate as gen_stage
 from pipeline.stages import shortcuts as shortcut_stage
 from pipeline.stages import slice as slice_stage
 from pipeline.tasks import TASKS
+from pipeline.tasks.common import PALETTE
 
 N, S, P = 600, 16, 4  # images, side, patch
 
@@ -233,16 +242,32 @@ def test_a_bag_of_local_patterns_reads_shape_anywhere_and_kmeans_bags_have_both_
         images[i, r: r + 3, c: c + 3][(plus if y[i] else cross) == 1] = 250
     h = N // 2
     for pooled in (False, True):
-        x = pattern_bag(images, h, 3, 2, pooled)
+        x = pattern_bag(images, h, 3, "b", pooled)
         assert x.shape[1] <= (4 if pooled else 1) * (min(BAG_VOCAB, 2**9) + 1)
         assert (x.sum(1) == (S - 2) ** 2).all()  # every 3x3 window counted once, in one bin
         assert fit_score(x[:h], y[:h], x[h:], y[h:])["acc"] == 1.0
     shuffled = rng.permutation(y)
-    x = pattern_bag(images, h, 3, 2, False)
+    x = pattern_bag(images, h, 3, "b", False)
     assert fit_score(x[:h], shuffled[:h], x[h:], shuffled[h:])["acc"] < 0.62
     g, p = kmeans_bags(images, h, 3, 0, atoms=16)
     assert g.shape[0] == p.shape[0] == N and p.shape[1] == 4 * g.shape[1]
     assert np.allclose((p**2).reshape(N, 4, -1).sum(1), g**2, rtol=1e-4)  # quadrants add up (power-normalised)
+
+
+def test_colour_patterns_tell_red_from_green_where_grey_cannot():
+    """Red and green of the palette share a grey level: the grey-quantised code is one, the colour code two."""
+    pixels = PALETTE[None, None, :2]  # (1, 1, 2, 3): red, green
+    assert len(np.unique(pixel_codes(pixels, "q")[0])) == 1 and len(np.unique(pixel_codes(pixels, "c")[0])) == 2
+
+
+def test_trees_read_codes_that_occur_together_where_a_linear_read_cannot():
+    """Label = whether code a occurs exactly when code b does (XOR of their presence; both classes have the same
+    mean counts): a linear read of the counts stays near chance, trees read it."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 2, (2 * N, 3)).astype(np.float32)  # presence of codes a, b and an unrelated one
+    y = (x[:, 0] == x[:, 1]).astype(np.int64)
+    assert fit_score(x[:N], y[:N], x[N:], y[N:])["acc"] < 0.6
+    assert (fit_trees(x[:N], y[:N], x[N:]) == y[N:]).mean() == 1.0
 
 
 def test_exact_additive_readout_reaches_the_optimum_logistic_misses():
