@@ -5,7 +5,8 @@ Two kinds of object (``objects``):
 - ``pairs`` (the default): the scale task's four 1 px dots at the corners of a ``box`` px box, one colour on a
   row or a column of it (:func:`common.paint_pairs`); with ``box`` = 1 mod P every dot sits at the same pixel of
   its patch, (dx, dy), so an unseen offset puts every dot where the patch projection never saw one. Both classes
-  show the same dots at the same places (reports/shortcuts/alignment.md: every floor within 0.06 of chance).
+  show the same dots at the same places; linear reads stay at chance, but trees on a bag of windows read the
+  class from the dots' distances to the image border (0.95, reports/shortcuts/alignment.md).
 - ``glyphs``: one of ``num_classes`` small binary glyphs. Bags of 3x3 local patterns name them at every offset,
   unseen ones included (reports/shortcuts/), so no row can decide on it.
 

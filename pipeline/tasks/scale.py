@@ -7,8 +7,10 @@ Two kinds of object (``objects``):
   ``columns``: one column. Both classes show the same four dots at the same four places in the same two
   colours, and a window that sees one dot sees nothing of the class: only how the colours are arranged across
   the box tells them apart, at every size. A readout that ignores where the dots lie is left with the image
-  border, which clips a row's two dots alike: with 2 px dots a bag of 5x5 k-means patches read 0.59-0.67 from
-  it, with 1 px dots chance (docs/history.md). Quarter turns would swap the classes (``rotate`` must be false).
+  border: a window there shows its dot's distance to the edge, which a row's two dots share. Read linearly, a
+  bag of windows stays at chance with 1 px dots; read by trees it reads the class (0.94, reports/shortcuts/scale.md),
+  so this 16 px design fails its floors (docs/history.md). Quarter turns would swap the classes (``rotate``
+  must be false).
 - ``shapes``: class = shape (:mod:`pipeline.shapes`), from below one patch to several. Bags of 3x3 local
   patterns solve it at every size, unseen ones included (reports/shortcuts/), so no row can decide on it.
 
