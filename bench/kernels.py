@@ -74,7 +74,7 @@ def child(args: argparse.Namespace) -> int:
     from pipeline.experiment import execute
 
     at = Folders(args.data, args.slices, args.scratch / "runs", args.scratch / "ckpt")
-    params = scratch_params(load_params(args.params), args.scratch / "mlflow.db")
+    params = scratch_params(load_params(args.params), args.scratch / "mlflow.db").for_task(args.task)
     execute(specs_for("train", keys(params, args.archs, args.task, args.seeds, args.data_seed), at), params,
             "kernels", at.ckpt)
     (args.scratch / "environment.json").write_text(json.dumps(environment()))

@@ -37,7 +37,7 @@ CHILD = ("from pathlib import Path; import sys; from bench.kernels import keys, 
          "from pipeline.config import load_params; from pipeline.experiment import execute; "
          "from pipeline.grid import Folders, specs_for; "
          "a = sys.argv[1:]; at = Folders(Path(a[0]), Path(a[1]), Path(a[2]) / 'runs', Path(a[2]) / 'ckpt'); "
-         "params = scratch_params(load_params(a[3]), Path(a[2]) / 'mlflow.db'); "
+         "params = scratch_params(load_params(a[3]), Path(a[2]) / 'mlflow.db').for_task(a[4]); "
          "execute(specs_for('train', keys(params, a[6:], a[4], [int(a[5])], 0), at), params, 'same', at.ckpt)")
 
 

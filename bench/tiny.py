@@ -56,9 +56,10 @@ TINY: dict[str, Any] = {
 # main grid at 64 images and 10 steps. Measured stage by stage on 2 cores, the shortcut floors' logistic fits on
 # train_<train.size> and the k-means dictionary were the time that scaled with the config (24 of 115 CPU s); the
 # rest is each stage process importing torch, timm and Lightning. models.param_target stays: at 8000 a 2-block
-# conv-stem ViT no longer mixes every token pair, and the interface stage rightly fails.
+# conv-stem ViT no longer mixes every token pair, and the interface stage rightly fails. Alignment is drawn at zoom 2
+# (32 px, 8 px patches) beside relation at 16 px: every stage goes through a task on its own canvas.
 SMOKE: dict[str, Any] = {
-    "tasks": {"alignment": {"n": 256, "transfer_n": 32}, "relation": {"n": 256}},
+    "tasks": {"alignment": {"n": 256, "transfer_n": 32, "zoom": 2}, "relation": {"n": 256}},
     "slice": {"train_sizes": [32, 64, 128], "val_size": 32, "test_size": 48},
     "train": {"size": 64, "grids": {"curve": {"archs": ["resnet"], "tasks": ["alignment"], "sizes": [32]}},
               "recipe": {"steps": 10}, "runtime": {"val_every_steps": 5}},

@@ -107,6 +107,11 @@ class SwinParams(ModelSection):
         return (self.local.patch_size, self.local.window_size) if local and self.local else (
             self.patch_size, self.window_size)
 
+    def zoomed(self, k: int) -> SwinParams:
+        """Patches of ``k`` x the px (the one-stage pair's too): the same token grid and windows."""
+        local = self.local and self.local.model_copy(update={"patch_size": k * self.local.patch_size})
+        return self.model_copy(update={"patch_size": k * self.patch_size, "local": local})
+
     @model_validator(mode="after")
     def _one_head_count_per_stage(self) -> SwinParams:
         if len(self.depths) != len(self.num_heads):

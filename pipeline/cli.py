@@ -242,7 +242,7 @@ def run_one(args: argparse.Namespace) -> int:
         print(f"run-one: {spec.name} at lr {spec.lr or params.train.recipe.lr:g} ({source}), cap {spec.key.steps} "
               "steps", flush=True)
         t0 = time.perf_counter()
-        result = fit(Job(spec, params, "run-one", None))
+        result = fit(Job(spec, params.for_task(args.task), "run-one", None))
         slices = result["evaluation"]["slices"]
         line = {"run": spec.name, "steps_done": result["steps_done"], "stop_reason": result["stop_reason"],
                 "criterion_step": result["criterion_step"], "val_acc": result["val_acc"],

@@ -66,7 +66,8 @@ def jobs(params: Params, at: Folders, out: Path) -> list[Job]:
     for s in specs(params, at):
         if not (s.out_dir / "weights.pt").exists():
             raise StageError(f"{s.out_dir / 'weights.pt'}: missing (run the train stage: dvc repro)")
-        out_jobs.append(Job(s, params, out / s.key.arch / s.key.folder, identity(s, params)))
+        task_params = params.for_task(s.key.task)  # its task's canvas: finetune.size in its px
+        out_jobs.append(Job(s, task_params, out / s.key.arch / s.key.folder, identity(s, task_params)))
     return out_jobs
 
 

@@ -143,7 +143,7 @@ def run(row_id: str, seeds: int, params: Params) -> int:
             lr = f"lr {spec.lr or params.train.recipe.lr:g} ({'tuned' if spec.lr else 'train.recipe.lr'})"
             print(f"[{datetime.now():%H:%M:%S}] run {k} of {len(specs)} started: {spec.name}, {lr}", flush=True)
             t = time.perf_counter()
-            ev = fit(Job(spec, params, "pair", None))["evaluation"]
+            ev = fit(Job(spec, params.for_task(spec.key.task), "pair", None))["evaluation"]
             items.add(spec.name, row["task"], ev["test_idx"], ev["logits"])
             names[spec.key.arch, spec.key.seed] = spec.name
             print(f"[{datetime.now():%H:%M:%S}] run {k} of {len(specs)} done in {time.perf_counter() - t:.1f} s",

@@ -34,7 +34,7 @@ def check_inputs(specs: list[RunSpec], params: Params) -> None:
         if spec.teacher_dir is None or (spec.teacher_dir, spec.key.task) in teachers:
             continue
         teachers.add((spec.teacher_dir, spec.key.task))
-        record = load_teacher(spec.teacher_dir, spec.key.task, params, split.num_classes)[1]
+        record = load_teacher(spec.teacher_dir, spec.key.task, params.for_task(spec.key.task), split.num_classes)[1]
         said = (record["arch"], record["task"], record["seed"])
         want = (spec.teacher, spec.key.task, params.distill.teacher_of(spec.key.seed))
         if said != want:

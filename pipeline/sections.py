@@ -51,10 +51,23 @@ class Geometry(Section):
         return self.image_size // self.patch_size
 
 
+class TaskSection(Section):
+    """A ``tasks.<name>`` section of params.yaml (declared in the task's module, pipeline/tasks)."""
+
+    # The task's canvas is ``zoom`` x geometry.image_size, and every size in px that models and evaluation read is
+    # ``zoom`` x its value (``Params.for_task``): the token grids stay, the pixels per token grow. The task's own
+    # sizes (boxes, margins) are in px of its canvas.
+    zoom: PosInt = 1
+
+
 class ModelSection(Section):
     """A ``models.<section>`` of params.yaml (declared beside the architectures that read it, pipeline/archs.py).
 
     Its checks against the rest of the file run after every section is valid, in the order of the sections."""
+
+    def zoomed(self, k: int) -> ModelSection:
+        """This section on a canvas ``k`` times larger (a task's ``zoom``): its sizes in px times ``k``."""
+        return self
 
     def check_size(self, params, key: str, size: int) -> None:
         """Refuse (ValueError) an evaluated or fine-tuned image ``size`` (set by ``key``) these models cannot map."""

@@ -208,6 +208,40 @@ def test_the_battery_finds_the_pairs_border_leak():
     assert got["floor_baseline"] in trees
 
 
+@pytest.mark.slow
+def test_a_margin_on_a_larger_canvas_closes_the_border_leak():
+    """The fix the leak asks for (docs/history.md, 2026-12-07): on a 32 px canvas (8 px patches) with every dot
+    at least 5 px from each edge, no window of the battery (5 px at most) sees a dot's distance to an edge, and no
+    read of any bag, trees included, reads the class: on the test split or at the unseen sizes."""
+    from pipeline.shortcuts import floors
+
+    geo = Geometry(image_size=32, patch_size=8, channels=3)
+    d = make("scale", n=2400, geometry=geo, min_size=6, max_size=22, train_sizes=[9, 16], margin=5)
+    dots = (d.images != background(d.images)[:, None, None, :]).any(-1)
+    assert not dots[:, :5].any() and not dots[:, -5:].any() and not dots[:, :, :5].any() and not dots[:, :, -5:].any()
+    fit, test = np.flatnonzero(d.factors["role"] == "fit"), np.flatnonzero(d.factors["role"] == "eval")
+    unseen = test[~d.factors["id"].to_numpy()[test]]
+    got = floors("scale", d.images, d.labels, d.factors, fit[:1500], test, 2, geo.patch_size, 0,
+                 slices={"slice/ood": unseen}, val=fit[1500:1800])
+    free = {n: b for n, b in got["baselines"].items() if not b["uses_factor"]}
+    assert len(free) > 10 and max(b["acc"] for b in free.values()) <= 0.6, free
+    assert max(b["slices"]["slice/ood"]["acc"] for b in free.values()) <= 0.6
+
+
+def test_the_margin_keeps_the_pairs_off_the_edges_and_zero_draws_as_before():
+    """``margin`` px stay free of dots at each edge (scale: any box; alignment: the cells it may use); a margin
+    of 0 draws the very images the tasks drew before it existed (the same random stream)."""
+    geo = Geometry(image_size=32, patch_size=8, channels=3)
+    for task, extra in (("scale", {"max_size": 20}), ("alignment", {})):
+        d = make(task, n=300, geometry=geo, margin=6, **extra)
+        dots = (d.images != background(d.images)[:, None, None, :]).any(-1)
+        assert dots.any() and not (dots[:, :6].any() or dots[:, -6:].any() or dots[:, :, :6].any()
+                                   or dots[:, :, -6:].any()), task
+        assert np.array_equal(make(task, margin=0).images, make(task).images)
+    with pytest.raises(ValueError, match="tasks.scale.max_size: 16 px does not fit a 16 px image with a 1 px margin"):
+        parse_params(tiny_repo.small_params({"tasks": {"scale": {"margin": 1}}}), "p")
+
+
 def test_scale_shape_and_quarter_turn_read_back_from_pixels():
     """The ``shapes`` objects: inside its box each image shows exactly its class's shape turned by its
     `rotation` factor."""

@@ -20,12 +20,12 @@ Need = tuple[str, object, int, str]  # (params key, its value, bytes it makes a 
 
 def data_and_model_needs(params) -> list[Need]:
     """The generated tasks' pools, a model's training state and the report's item bootstrap."""
-    g = params.geometry
-    # the generated tasks' pools (natural images are read from their archive, not held at this size)
-    pools = [(f"tasks.{t}.n", getattr(params.tasks, t).n + getattr(getattr(params.tasks, t), "transfer_n", 0))
-             for t in params.tasks.names if isinstance(getattr(params.tasks, t), SyntheticParams)]
+    # the generated tasks' pools at their canvas (natural images are read from their archive, not held at this size)
+    pools = [(f"tasks.{t}.n", getattr(params.tasks, t).n + getattr(getattr(params.tasks, t), "transfer_n", 0),
+              params.for_task(t).geometry) for t in params.tasks.names
+             if isinstance(getattr(params.tasks, t), SyntheticParams)]
     needs = [(key, n, n * g.image_size**2 * g.channels, f"{n} images of {g.image_size}x{g.image_size}x"
-              f"{g.channels} uint8 (geometry.image_size, geometry.channels)") for key, n in pools]
+              f"{g.channels} uint8 (geometry.image_size x the task's zoom, geometry.channels)") for key, n, g in pools]
     # weights, gradients and AdamW's two moments: four float32 copies of every parameter
     needs.append(("models.param_target", params.models.param_target, 16 * params.models.param_target,
                   f"{params.models.param_target} parameters x 16 bytes (weights, gradients, AdamW moments)"))
@@ -71,14 +71,16 @@ def other_size_needs(params) -> list[Need]:
     """A model evaluated or fine-tuned at another size: a batch of float32 images and, per head, the (tokens x
     tokens) attention map of one block (the smallest patch any family uses: the geometry's)."""
     g, rt, ft = params.geometry, params.train.runtime, params.finetune
+    # a task's zoom multiplies the pixels, not the tokens: the largest zoom's images
+    k = max((getattr(params.tasks, t).zoom for t in params.tasks.names), default=1)
     sized = [("evaluation.resolution.sizes", s, "train.runtime.eval_batch_size", rt.eval_batch_size)
              for s in params.evaluation.resolution.sizes]
     sized += [("finetune.size", ft.size, "finetune.batch_size", ft.batch_size)] if ft.tasks else []
     needs = []
     for key, size, batch_key, batch in sized:
         tokens = (size // g.patch_size) ** 2
-        needs.append((key, size, 4 * batch * (size**2 * g.channels + tokens**2),
-                      f"a batch of {batch} ({batch_key}) images of {size} px and their {tokens} x {tokens} "
+        needs.append((key, size, 4 * batch * ((k * size) ** 2 * g.channels + tokens**2),
+                      f"a batch of {batch} ({batch_key}) images of {k * size} px and their {tokens} x {tokens} "
                       "attention map x 4 bytes"))
     return needs
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from pydantic import model_validator
+from pydantic import PrivateAttr, model_validator
 
 from pipeline.archs import SECTIONS
 from pipeline.config.distill import Distill
@@ -38,6 +38,26 @@ class Params(Section):
     slice: Slicing
     evaluation: Evaluation
     finetune: Finetune
+    _zoom: int = PrivateAttr(1)  # > 1 on the copy :meth:`for_task` returns for a zoomed task
+
+    def for_task(self, task: str) -> Params:
+        """What ``task``'s data, floors and runs read: these params with the geometry, every model section and the
+        evaluated and fine-tuned sizes at the task's ``zoom`` (these params themselves at zoom 1). A copy at a zoom
+        serves every task at that zoom; asking it for a task at another zoom is an error (it would zoom twice)."""
+        k = getattr(self.tasks, task).zoom
+        if k == self._zoom:
+            return self
+        if self._zoom != 1:
+            raise ValueError(f"these params are at zoom {self._zoom} already; {task} is drawn at zoom {k}")
+        g, res, ft = self.geometry, self.evaluation.resolution, self.finetune
+        at = self.model_copy(update={
+            "geometry": g.model_copy(update={"image_size": k * g.image_size, "patch_size": k * g.patch_size}),
+            "models": self.models.model_copy(update={name: getattr(self.models, name).zoomed(k) for name in SECTIONS}),
+            "evaluation": self.evaluation.model_copy(update={
+                "resolution": res.model_copy(update={"sizes": [k * size for size in res.sizes]})}),
+            "finetune": ft.model_copy(update={"size": k * ft.size})})
+        at._zoom = k
+        return at
 
     @model_validator(mode="after")
     def _resolution_sizes(self) -> Params:
@@ -127,7 +147,7 @@ class Params(Section):
 
     @model_validator(mode="after")
     def _tasks_fit_geometry(self) -> Params:
-        checks = [check for spec in TASKS.values() for check in spec.fits(self)]
+        checks = [check for name, spec in TASKS.items() for check in spec.fits(self.for_task(name))]
         g, rgb = self.geometry, [name for name, spec in TASKS.items() if spec.rgb]
         checks.append((g.channels != 3 and bool(set(rgb) & set(self.tasks.names)), "geometry.channels",
                        f"{g.channels}: the {' and '.join(rgb)} tasks are RGB (3 channels)"))
@@ -140,11 +160,13 @@ class Params(Section):
     def _cross(self) -> Params:
         """Each model section against the geometry, then each task against the models (a bad window is reported
         as such, not as a task's block)."""
-        for name in SECTIONS:
-            getattr(self.models, name).check_against(self)
-        for spec in TASKS.values():
+        zoomed = {getattr(self.tasks, t).zoom: self.for_task(t) for t in self.tasks.names}  # one per canvas
+        for p in [self, *(p for k, p in zoomed.items() if k > 1)]:
+            for name in SECTIONS:
+                getattr(p.models, name).check_against(p)
+        for name, spec in TASKS.items():
             if spec.check_models is not None:
-                spec.check_models(self)
+                spec.check_models(self.for_task(name))
         return self
 
 

@@ -103,11 +103,13 @@ def discriminative_share(images: np.ndarray, labels: np.ndarray, basis: torch.Te
     return float((m @ basis).pow(2).sum()) / total if total > 0 else float("nan")
 
 
-def collision_table(pairs: list[dict], patch: int, seed: int) -> pd.DataFrame:
+def collision_table(pairs: list[dict], seed: int) -> pd.DataFrame:
     """One row per (task, seed): ``pairs`` items hold task, seed, vit, other (models), other_arch, images,
-    labels. Columns: the :func:`collision_check` numbers, ``share_discarded`` and ``share_random``."""
+    labels and patch (the task's patch px). Columns: the :func:`collision_check` numbers, ``share_discarded`` and
+    ``share_random``."""
     rows = []
     for p in pairs:
+        patch = p["patch"]
         weight = patchify_projection(p["vit"], patch)
         if weight is None:
             raise ValueError(f"{p['task']} seed {p['seed']}: the ViT has no plain patchify projection")

@@ -49,15 +49,19 @@ def markdown(tab: pd.DataFrame, params: Params) -> str:
         ci = "" if pd.isna(r[f"{name}_lo"]) else f" [{r[f'{name}_lo']:.3f}, {r[f'{name}_hi']:.3f}]"
         return f"{r[name]:+.3f}{ci}" if name == "gain" else f"{r[name]:.3f}{ci}"
 
+    px = {t: (params.for_task(t).geometry.image_size, params.for_task(t).finetune.size) for t in ft.tasks}
+    (trained, size), zoomed = px[ft.tasks[0]], len(set(px.values())) > 1  # tasks at other zooms: sizes per row
     view = pd.DataFrame([{"task": r.task, "arch": r.arch, "position": r.position, "seeds": r.seeds,
-                          f"test acc at {params.geometry.image_size} px": cell(r, "trained"),
-                          f"at {ft.size} px, evaluated only": cell(r, "eval_only"),
-                          f"at {ft.size} px, fine-tuned": cell(r, "finetuned"),
+                          **({"trained at / mapped to (px)": "{} / {}".format(*px[r.task])} if zoomed else {}),
+                          "test acc, trained size" if zoomed else f"test acc at {trained} px": cell(r, "trained"),
+                          "mapped, evaluated only" if zoomed else f"at {size} px, evaluated only": cell(r, "eval_only"),
+                          "mapped, fine-tuned" if zoomed else f"at {size} px, fine-tuned": cell(r, "finetuned"),
                           "gain from fine-tuning": cell(r, "gain") if pd.isna(r.skipped) else f"skipped: {r.skipped}"}
                          for _, r in tab.iterrows()])
-    text = (f"Every main-grid run of {', '.join(ft.tasks)} (trained at {params.geometry.image_size} px) mapped to "
-            f"{ft.size} px by the position contract (`pipeline/resolution.py`), scored on the test split resized "
-            f"to {ft.size} px ({params.evaluation.resolution.image_resize}), then fine-tuned {ft.steps} steps there "
+    at, to = ("its task's canvas", "finetune.size times its task's zoom") if zoomed else (f"{trained} px", f"{size} px")
+    text = (f"Every main-grid run of {', '.join(ft.tasks)} (trained at {at}) mapped to {to} by the position "
+            f"contract (`pipeline/resolution.py`), scored on the test split resized to that size "
+            f"({params.evaluation.resolution.image_resize}), then fine-tuned {ft.steps} steps there "
             f"on its own training images (batch {ft.batch_size}, AdamW lr {ft.lr:g} after {ft.warmup_steps} "
             f"warm-up steps, cosine to 0; the recipe's weight decay, label smoothing and gradient clip; the task's "
             f"views, if any, scaled to the size) and scored again. Seed means with {level:.0%} Student-t "

@@ -35,6 +35,7 @@ from pipeline.report import (
 )
 from pipeline.report import figures as fig
 from pipeline.report.inputs import Inputs
+from pipeline.tasks import TASKS
 from pipeline.trained import read_model
 
 CELL_NOTE = ("Per cell: the mean over seeds of each seed's accuracy on the shared test items, with a {level:.0%} "
@@ -110,13 +111,14 @@ def trained_collisions(params, runs: pd.DataFrame, pools: dict, tasks_dir: Path 
         if (images := sources.read_images(tasks_dir, task, index)) is None:
             continue
         for seed in seeds:
-            models = [read_model(r.dir, r.model, params, int(r.num_classes))
-                      for r in (a.loc[seed], b.loc[seed])]
+            at = params.for_task(task)  # its canvas: the models were built at it
+            models = [read_model(r.dir, r.model, at, int(r.num_classes)) for r in (a.loc[seed], b.loc[seed])]
             if any(m is None for m in models):
                 continue
             pairs.append({"task": task, "seed": int(seed), "vit": models[0], "other": models[1],
-                          "other_arch": arms[1], "images": images, "labels": pools[task]["labels"][index]})
-    return collisions.collision_table(pairs, params.geometry.patch_size, int(params.seed))
+                          "other_arch": arms[1], "images": images, "labels": pools[task]["labels"][index],
+                          "patch": at.geometry.patch_size})
+    return collisions.collision_table(pairs, int(params.seed))
 
 
 def _table(out: Path, name: str, title: str, note: str, df: pd.DataFrame, shown: pd.DataFrame | None = None,
@@ -349,13 +351,15 @@ def _ledger_figures(inp: Inputs, frames: dict, save, floor: dict) -> None:
 
 def _factor_figures(inp: Inputs, frames: dict, save, floor: dict) -> dict[str, pd.DataFrame]:
     """Accuracy against each task's factor (offset, size, distance, window); returns the curves DVC plots too."""
-    t, p = inp.params.tasks, inp.params.geometry.patch_size
+    t, patch = inp.params.tasks, {task: inp.params.for_task(task).geometry.patch_size for task in TASKS}
+    p = patch["alignment"]
     grid = cells.offset_grid(inp.runs, inp.items, cells.main_config(inp.runs))  # once: the figure and its CSV
     lo, hi = t.alignment.train_offsets
     save("alignment_offset", fig.offset_figure(grid, (lo, hi)),
          "Alignment accuracy per (dx, dy) offset",
          f"Measurement: accuracy per sub-patch offset of the glyph to the {p} px grid, dx and dy kept apart; the "
          f"white box holds the offsets seen in training ({lo}..{hi} px in both), everything outside is unseen.")
+    p = patch["scale"]
     size = agg.factor_curve(frames["slices"], "scale", "size").assign(x=lambda d: d.x / p)
     slo, shi = t.scale.train_sizes
     save("scale_size", fig.factor_figure(size, f"object size / patch size P={p}", "scale: accuracy vs size",
@@ -365,7 +369,8 @@ def _factor_figures(inp: Inputs, frames: dict, save, floor: dict) -> dict[str, p
          "panel per family (the others in light grey); grey band: sizes seen in training; dashed: one patch; "
          "dotted: shortcut floor.")
     dist = agg.factor_curve(frames["slices"], "relation", "distance_tokens")
-    window_cells = inp.params.models.swin.patch_size * inp.params.models.swin.window_size / p
+    p, swin = patch["relation"], inp.params.for_task("relation").models.swin
+    window_cells = swin.patch_size * swin.window_size / p
     save("relation_distance", fig.factor_figure(dist, f"Chebyshev distance between the marks ({p} px cells)",
                                                 "relation: accuracy vs distance", floor.get("relation"),
                                                 vlines=((window_cells, "Swin window (first stage)"),),
@@ -470,7 +475,10 @@ def write_report(inp: Inputs, out: Path) -> None:
     links = {"interface checks (level 1)": "interface/interface.md", "architectures and budget": "budget/README.md",
              "matched tuning (each cell's learning-rate trials and choice)": "tune/tuning.md",
              **{f"samples: {t}": f"samples/{t}.png" for t in params.tasks.names}}
-    scale = f"{params.geometry.image_size} px images, ~{params.models.param_target:,} parameters, minutes of CPU"
+    zoomed = ", ".join(f"{t} at {params.for_task(t).geometry.image_size} px" for t in params.tasks.names
+                       if getattr(params.tasks, t).zoom > 1)
+    scale = (f"{params.geometry.image_size} px images" + (f" ({zoomed})" if zoomed else "")
+             + f", ~{params.models.param_target:,} parameters, minutes of CPU")
     io.write_text(out / "README.md", markdown.readme(
         commit=repository.git_commit(), date=dt.date.today().isoformat(), level=params.report.confidence,
         scale=scale, sentences=markdown.findings(frames["ledger"]),

@@ -39,12 +39,23 @@ def main(argv: list[str] | None = None) -> None:
         for arch in [name for name, info in ARCHS.items() if info.family == "swin"]
         for block in block_layout(build_model(arch, params, params.models.reference_classes))
     ])
-    mismatch = table[table.forward_flops != table.forward_flops_counted]
-    if len(mismatch):  # the analytic formulas are the reported numbers: they must agree with the counter
-        raise StageError(f"analytic FLOPs disagree with the counter for {', '.join(mismatch.arch)}")
+    # a task drawn at a zoom builds every model on its canvas (Params.for_task): one more table per canvas
+    canvases = {}
+    for task in params.tasks.names:
+        at = params.for_task(task)
+        canvases.setdefault(at.geometry.image_size, (at, []))[1].append(task)
+    zoomed = {size: (budget.architecture_table(at).drop(columns=["solve_seconds"]), tasks)
+              for size, (at, tasks) in canvases.items() if size != params.geometry.image_size}
+    for t in [table, *(z for z, _ in zoomed.values())]:
+        mismatch = t[t.forward_flops != t.forward_flops_counted]
+        if len(mismatch):  # the analytic formulas are the reported numbers: they must agree with the counter
+            raise StageError(f"analytic FLOPs disagree with the counter for {', '.join(mismatch.arch)}")
 
     write_with(args.report / "architectures.csv", lambda p: table.to_csv(p, index=False, float_format="%.6g"))
     write_with(args.report / "swin_layout.csv", lambda p: layouts.to_csv(p, index=False))
+    for size, (z, _) in zoomed.items():
+        write_with(args.report / f"architectures_{size}px.csv", lambda p, z=z: z.to_csv(p, index=False,
+                                                                                      float_format="%.6g"))
     shown = table.assign(deviation=table.deviation.map("{:+.1%}".format))
     m = params.models
     write_text(args.report / "README.md", "\n".join([
@@ -71,6 +82,12 @@ def main(argv: list[str] | None = None) -> None:
         "",
         layouts.to_markdown(index=False),
         "",
+        *[line for size, (z, tasks) in zoomed.items() for line in (
+            f"## At {size} px ({', '.join(tasks)}: `tasks.<task>.zoom`)", "",
+            f"Every patch {size // params.geometry.image_size} x its size above, so the token grids and windows "
+            f"are the same; widths solved again for {m.param_target:,} parameters "
+            f"(`architectures_{size}px.csv`).", "",
+            z.assign(deviation=z.deviation.map("{:+.1%}".format)).to_markdown(index=False), "")],
     ]))
     print(table[["arch", "width", "params", "forward_flops"]].to_string(index=False))
 

@@ -163,7 +163,8 @@ def run_training(stage: str, specs: list, params: Params, args: argparse.Namespa
                  keep: tuple[Path, ...] = (), name: str | None = None) -> list[dict]:
     """Run ``specs`` as the runs of ``stage`` in one worker pool (finished ones are kept, interrupted ones resume),
     then drop the outputs of runs no longer configured (``keep``: other run folders of the stage, e.g. an
-    earlier round's); ``name``: the parent MLflow run's, default ``stage``. Returns every run's metrics.
+    earlier round's); ``name``: the parent MLflow run's, default ``stage`` (the runs of tasks at another zoom go
+    under a second one, named with their canvas). Returns every run's metrics.
 
     The workers start first and import the training stack while this process imports its own, checks the
     inputs and opens the stage's parent MLflow run (each run's own opens when its worker starts it,
@@ -178,7 +179,14 @@ def run_training(stage: str, specs: list, params: Params, args: argparse.Namespa
         with worker_pool(rt.workers if len(specs) > 1 else 1, rt.scheduler, WORKER_IMPORTS) as pool:
             from pipeline.experiment import execute  # after the pool started: the workers import meanwhile
 
-            results = execute(specs, params, stage, args.ckpt, pool, name)
+            # a zoomed task's runs build and read its canvas (Params.for_task): one parent MLflow run per zoom
+            zooms: dict[int, list] = {}
+            for spec in specs:
+                zooms.setdefault(getattr(params.tasks, spec.key.task).zoom, []).append(spec)
+            for i, group in enumerate(zooms.values()):
+                at = params.for_task(group[0].key.task)
+                results += execute(group, at, stage, args.ckpt, pool,
+                                   name if i == 0 else f"{name or stage} at {at.geometry.image_size} px")
     prune(args.out, [*keep, *(s.out_dir for s in specs)])  # after success: a failed stage changes nothing
     for folder in (args.out, args.ckpt):  # DVC outputs, even when no run is configured
         folder.mkdir(parents=True, exist_ok=True)
@@ -199,7 +207,8 @@ def parse_stage(parser: argparse.ArgumentParser, argv: list[str] | None,
 
     ``names`` maps an option's dest to the dotted params key whose entries it must name, e.g.
     ``{"task": "tasks.names"}`` or ``{"arch": "train.archs"}`` (a list or a mapping's keys). A name that is
-    not there is the same one-line :class:`ConfigError` as a bad value in ``params.yaml``.
+    not there is the same one-line :class:`ConfigError` as a bad value in ``params.yaml``. A stage of one task
+    (``--task`` checked against ``tasks.names``) gets that task's params (:meth:`Params.for_task`).
     """
     parser.add_argument("--params", default="params.yaml", help="params file (validated before any work)")
     args = parser.parse_args(argv)
@@ -208,6 +217,8 @@ def parse_stage(parser: argparse.ArgumentParser, argv: list[str] | None,
         allowed = functools.reduce(_child, key.split("."), params)
         if getattr(args, dest) not in allowed:
             raise ConfigError(f"{args.params}: {key}: {getattr(args, dest)!r} is not one of {sorted(allowed)}")
+    if (names or {}).get("task") == "tasks.names":  # a stage of one task reads that task's canvas (its zoom)
+        params = params.for_task(args.task)
     return args, params
 
 

@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     params = load_params(args.params)
     if args.task not in params.tasks.names or args.task not in OBJECTS:
         raise ConfigError(f"{args.params}: tasks.names: {args.task!r} is not an enabled task {params.tasks.names}")
+    params = params.for_task(args.task)  # its patch grid at its zoom
     data = Path(args.data)
     images, labels, factors, meta = load_task(data)
     train, val, test = load_split(Path(args.slices), [f"train_{params.train.size}", "val", "test"])

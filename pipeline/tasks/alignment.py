@@ -72,7 +72,8 @@ def fits(params) -> list[tuple[bool, str, str]]:
     key = "tasks.alignment.box" if a.objects == "pairs" else "tasks.alignment.glyph_size"
     return [(a.train_offsets[1] > p - 1, "tasks.alignment.train_offsets",
              f"{a.train_offsets} leaves the offsets 0..{p - 1} of a {p} px patch"),
-            (extent(a) + p - 1 > h, key, f"{extent(a)} px at offset {p - 1} does not fit a {h} px image")]
+            (cells(params.geometry, a)[1] < 1, key, f"{extent(a)} px at offset {p - 1} does not fit a {h} px image"
+             + (f" with a {a.margin} px margin" if a.margin else ""))]
 
 
 def extent(cfg: AlignmentParams) -> int:
@@ -80,9 +81,12 @@ def extent(cfg: AlignmentParams) -> int:
     return cfg.box if cfg.objects == "pairs" else cfg.glyph_size
 
 
-def num_cells(geometry: Geometry, size: int) -> int:
-    """Cells per axis where an object of ``size`` px fits at every offset: cell * P + (P - 1) + size <= H."""
-    return (geometry.image_size - size - geometry.patch_size + 1) // geometry.patch_size + 1
+def cells(geometry: Geometry, cfg: AlignmentParams) -> tuple[int, int]:
+    """(first, count): the cells per axis where the object fits at every offset, ``margin`` px from each edge:
+    margin <= cell * P and cell * P + (P - 1) + side <= H - margin."""
+    p, h, m = geometry.patch_size, geometry.image_size, cfg.margin
+    first = -(-m // p)
+    return first, (h - m - extent(cfg) - p + 1) // p + 1 - first
 
 
 def generate(n: int, seed: int, geometry: Geometry, cfg: AlignmentParams) -> TaskData:
@@ -116,8 +120,9 @@ def _draw(rng: np.random.Generator, labels: np.ndarray, dxy: np.ndarray, glyphs:
     """Images of ``labels``' objects at offsets ``dxy`` in random cells, colours, clutter and noise."""
     n, p, h = len(labels), geometry.patch_size, geometry.image_size
     lo, hi = cfg.train_offsets
-    cells = rng.integers(0, num_cells(geometry, extent(cfg)), (n, 2))
-    ys, xs = cells[:, 0] * p + dxy[:, 1], cells[:, 1] * p + dxy[:, 0]
+    first, count = cells(geometry, cfg)
+    cell = first + rng.integers(0, count, (n, 2))
+    ys, xs = cell[:, 0] * p + dxy[:, 1], cell[:, 1] * p + dxy[:, 0]
 
     if glyphs is None:
         images = common.paint_pairs(rng, labels, np.full(n, cfg.box), ys, xs, h, geometry.channels, cfg)
@@ -133,8 +138,8 @@ def _draw(rng: np.random.Generator, labels: np.ndarray, dxy: np.ndarray, glyphs:
     factors = pd.DataFrame({
         "dx": dx, "dy": dy,
         "offset": common.pair_labels(dx, dy),
-        "cell_x": cells[:, 1], "cell_y": cells[:, 0],
-        "position": common.pair_labels(cells[:, 1], cells[:, 0]),
+        "cell_x": cell[:, 1], "cell_y": cell[:, 0],
+        "position": common.pair_labels(cell[:, 1], cell[:, 0]),
         "x": xs, "y": ys,
         "id": (dx >= lo) & (dx <= hi) & (dy >= lo) & (dy <= hi),
         "role": role,

@@ -22,10 +22,10 @@ import numpy as np
 import pandas as pd
 from pydantic import Field
 
-from pipeline.sections import NonNegInt, PosInt, Section
+from pipeline.sections import NonNegInt, PosInt, TaskSection
 
 
-class SyntheticParams(Section):
+class SyntheticParams(TaskSection):
     """What every controlled task shares: its pool and the generic difficulty knobs."""
 
     n: PosInt  # pool size: fit rows (train + val) and eval rows (test)
@@ -39,6 +39,10 @@ class PairsParams(SyntheticParams):
 
     dot: Annotated[int, Field(ge=1)] = 1  # pairs: px side of each dot
     colours: Annotated[int, Field(ge=2, le=8)] = 4  # pairs: the dots' two colours come from this many
+    # pairs: px kept free of dots at each edge. A k x k window can sit only inside the image, so it records the
+    # distance to the edge of a dot nearer than k - 1 px, and a colour's two dots share it (the border leak,
+    # docs/design.md §2): a margin of k - 1 hides it from windows up to k px.
+    margin: NonNegInt = 0
 
     def check_box(self, key: str, side: int) -> None:
         """Refuse a box whose side (params key ``key``) leaves no gap between two dots of one of its sides."""

@@ -40,7 +40,7 @@ from pydantic import Field, field_validator
 
 from pipeline.errors import StageError
 from pipeline.repository import repo_root
-from pipeline.sections import Geometry, NonNegInt, Section
+from pipeline.sections import Geometry, NonNegInt, Section, TaskSection
 from pipeline.tasks.common import ROLE_EVAL, ROLE_FIT, TaskData
 
 CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
@@ -64,7 +64,7 @@ class Augment(Section):
         return bool(self.crop_pad or self.flip)
 
 
-class NaturalParams(Section):
+class NaturalParams(TaskSection):
     """CIFAR-10 from an archive outside the repository (never committed), downloaded when none is found."""
 
     # Candidate archives, tried in order, relative to the repository root (jpg tarball or python archive);

@@ -75,7 +75,8 @@ class ScaleParams(PairsParams):
 def fits(params) -> list[tuple[bool, str, str]]:
     """(bad, key, why): what does not fit the geometry (checked after every section is valid)."""
     sc, h = params.tasks.scale, params.geometry.image_size
-    return [(sc.max_size > h, "tasks.scale.max_size", f"{sc.max_size} px does not fit a {h} px image")]
+    return [(sc.max_size + 2 * sc.margin > h, "tasks.scale.max_size",
+             f"{sc.max_size} px does not fit a {h} px image" + (f" with a {sc.margin} px margin" if sc.margin else ""))]
 
 def generate(n: int, seed: int, geometry: Geometry, cfg: ScaleParams) -> TaskData:
     rng = common.task_rng(seed, "scale")
@@ -108,8 +109,9 @@ def _draw(rng: np.random.Generator, labels: np.ndarray, size: np.ndarray, role: 
     """Images of ``labels``' objects at ``size`` px in random places (and quarter turns), colours, clutter, noise."""
     n, p, h = len(labels), geometry.patch_size, geometry.image_size
     lo, hi = cfg.train_sizes
-    y0 = rng.integers(0, h - size + 1)
-    x0 = rng.integers(0, h - size + 1)
+    m = cfg.margin
+    y0 = rng.integers(m, h - size - m + 1)
+    x0 = rng.integers(m, h - size - m + 1)
     turns = rng.integers(0, 4, n) if cfg.rotate else np.zeros(n, dtype=np.int64)
     if cfg.objects == "pairs":
         images = common.paint_pairs(rng, labels, size, y0, x0, h, geometry.channels, cfg)
