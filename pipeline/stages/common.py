@@ -183,10 +183,10 @@ def run_training(stage: str, specs: list, params: Params, args: argparse.Namespa
             zooms: dict[int, list] = {}
             for spec in specs:
                 zooms.setdefault(getattr(params.tasks, spec.key.task).zoom, []).append(spec)
-            for i, group in enumerate(zooms.values()):
+            for k, group in sorted(zooms.items()):  # the study's own canvas first, under the stage's name
                 at = params.for_task(group[0].key.task)
                 results += execute(group, at, stage, args.ckpt, pool,
-                                   name if i == 0 else f"{name or stage} at {at.geometry.image_size} px")
+                                   name if k == min(zooms) else f"{name or stage} at {at.geometry.image_size} px")
     prune(args.out, [*keep, *(s.out_dir for s in specs)])  # after success: a failed stage changes nothing
     for folder in (args.out, args.ckpt):  # DVC outputs, even when no run is configured
         folder.mkdir(parents=True, exist_ok=True)
