@@ -49,8 +49,10 @@ def test_mlflow_has_the_runs_with_budgets(reproduced_repo):
             assert key in run.data.metrics, (run.info.run_name, key)  # the headline's key
         budget = {name for section, name in scalars(client, run.info.run_id) if section == "budget"}
         assert {"images_seen", "tokens_seen"} <= budget, run.info.run_name  # the rest: the run's table
-    # one parent run per stage invocation
-    assert (parents["train"], parents["teacher"]) == (["train"], ["teacher"])
+    # one parent run per stage invocation and canvas: the smoke draws alignment at zoom 2 (bench.tiny.SMOKE)
+    assert (parents["train"], parents["teacher"]) == (["train", "train at 32 px"], ["teacher"])
+    canvas = {(r.data.tags.get("task"), r.data.params.get("geometry.image_size")) for r in children["train"]}
+    assert canvas == {("alignment", "32"), ("relation", "16")}
     # train: 2 tasks x (vit, resnet) + the curve grid (resnet on alignment at n=32) + one student; one teacher
     names = sorted(r.info.run_name.split("/")[0] for r in children["train"])
     assert (names, len(children["teacher"])) == (["distill"] + ["train"] * 5, 1)
