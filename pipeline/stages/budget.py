@@ -27,6 +27,17 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def zoomed_tables(params) -> dict[int, tuple[pd.DataFrame, list[str]]]:
+    """A task drawn at a zoom builds every model on its canvas (Params.for_task): per extra canvas size, its
+    architecture table and the tasks drawn there."""
+    canvases: dict[int, tuple] = {}
+    for task in params.tasks.names:
+        at = params.for_task(task)
+        canvases.setdefault(at.geometry.image_size, (at, []))[1].append(task)
+    return {size: (budget.architecture_table(at).drop(columns=["solve_seconds"]), tasks)
+            for size, (at, tasks) in canvases.items() if size != params.geometry.image_size}
+
+
 @stage_main
 def main(argv: list[str] | None = None) -> None:
     args, params = parse_stage(parser(), argv)
@@ -39,13 +50,7 @@ def main(argv: list[str] | None = None) -> None:
         for arch in [name for name, info in ARCHS.items() if info.family == "swin"]
         for block in block_layout(build_model(arch, params, params.models.reference_classes))
     ])
-    # a task drawn at a zoom builds every model on its canvas (Params.for_task): one more table per canvas
-    canvases = {}
-    for task in params.tasks.names:
-        at = params.for_task(task)
-        canvases.setdefault(at.geometry.image_size, (at, []))[1].append(task)
-    zoomed = {size: (budget.architecture_table(at).drop(columns=["solve_seconds"]), tasks)
-              for size, (at, tasks) in canvases.items() if size != params.geometry.image_size}
+    zoomed = zoomed_tables(params)
     for t in [table, *(z for z, _ in zoomed.values())]:
         mismatch = t[t.forward_flops != t.forward_flops_counted]
         if len(mismatch):  # the analytic formulas are the reported numbers: they must agree with the counter
