@@ -31,6 +31,7 @@ from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import OneHotEncoder, StandardScaler
+from threadpoolctl import threadpool_limits
 
 from pipeline.shortcut_bags import CHUNK_FLOATS, exact_additive, kmeans_bags, pattern_bag
 
@@ -46,7 +47,7 @@ SPARSE_BELOW = 0.2  # a feature matrix with fewer nonzeros than this share is fi
 # colours has 8**25 codes, past int64)
 BAGS = ((3, "b"), (3, "q"), (5, "b"), (5, "q"), (3, "c"))
 BAG_KINDS = {"b": "binarised", "q": "grey-quantised", "c": "colour (each channel bright or not)"}
-TREES = "_trees"  # suffix of a global bag read by gradient-boosted trees instead of a linear model
+TREES = "_trees"  # suffix of a bag read by gradient-boosted trees instead of a linear model
 TREE_ROUNDS = 100  # boosting rounds at most (one tree per class each); 31 leaves per tree (scikit-learn's default)
 TREE_ROWS = 10_000  # training rows the trees see at most (natural images at 45,000 rows: minutes, not an hour)
 KMEANS_PATCH = 5  # px side of the bag-of-patches dictionary's patches
@@ -190,16 +191,24 @@ OBJECTS: dict[str, tuple[str, list[tuple[str, list[list[str]], str, bool]]]] = {
 # Tasks whose factor is where things lie: a baseline that sees position (tokens_pos, a quadrant-pooled bag)
 # sees the factor itself there, so it is reported, not counted in the floor.
 POSITION_IS_FACTOR = {"arrangement"}
-# Where the quadrant-pooled bags are shown beside the floor, not counted in it: on natural images a learner must
-# beat what needs no position at all (raw pixels, position-free bags); a pooled bag of patches is a one-layer
-# network with coarse layout, which a CPU budget cannot clear by a wide margin (issue 55): the report says
-# where an arm sits below it.
-POOLED_BESIDE = {"natural"}
+# Where the quadrant-pooled bags (and their trees) are shown beside the floor, not counted in it, and why. A pooled
+# bag knows which quadrant each local pattern lies in: a one-layer network with coarse layout, a reference for how
+# far layout alone goes, not a shortcut that ignores the factor.
+POOLED_BESIDE = {
+    # a learner must beat what needs no position at all (raw pixels, position-free bags); a CPU budget cannot
+    # clear the pooled bag by a wide margin (issue 55): the report says where an arm sits below it
+    "natural": "coarse layout",
+    # the class is a layout (which of a box's dots share a colour): wherever the box straddles a quadrant line,
+    # the pooled bag reads the class itself, at every size and offset (read by trees, 0.96 at scale's unseen
+    # sizes, 2026-12-07); the floor is what reads the class without it (docs/design.md §2)
+    "scale": "reads the class's layout",
+    "alignment": "reads the class's layout",
+}
 
 
 def pooled_role(task: str) -> tuple[bool, bool]:
     """(uses_factor, beside) of a quadrant-pooled bag on ``task``: its coarse layout is the task's factor where
-    position is (reported only), a stronger reference beside the floor on natural images, else counted."""
+    position is (reported only), a reference beside the floor where :data:`POOLED_BESIDE` says why, else counted."""
     uses_factor = task in POSITION_IS_FACTOR
     return uses_factor, task in POOLED_BESIDE and not uses_factor
 
@@ -240,7 +249,7 @@ def ignores(task: str, name: str) -> str:
     if name in IGNORES:
         return IGNORES[name]
     if name.startswith(("bag", "kmeans")):
-        return QUADRANT_FREE if name.endswith("_pooled") else POSITION_FREE  # the trees read a global bag
+        return QUADRANT_FREE if name.removesuffix(TREES).endswith("_pooled") else POSITION_FREE
     if name.endswith("_exact"):
         return "any interaction between the groups it adds"
     return OBJECTS[task][0]
@@ -292,8 +301,11 @@ def fit_trees(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, cate
     that says nothing stops within a few rounds). At most :data:`TREE_ROWS` training rows (the first ones)."""
     early = x_val is not None
     model = HistGradientBoostingClassifier(max_iter=TREE_ROUNDS, early_stopping=early, random_state=0)
-    model.fit(x_train[:TREE_ROWS], y_train[:TREE_ROWS], **({"X_val": x_val, "y_val": y_val} if early else {}))
-    return model.predict(x_test)
+    # One OpenMP thread: beside another busy process (a training run, the other test worker) its threads spin
+    # and wait on each other, 115 s instead of 8 s for a pooled k-means bag (2 cores, measured 2026-12-07).
+    with threadpool_limits(1, user_api="openmp"):
+        model.fit(x_train[:TREE_ROWS], y_train[:TREE_ROWS], **({"X_val": x_val, "y_val": y_val} if early else {}))
+        return model.predict(x_test)
 
 
 def score(correct: np.ndarray) -> dict:
@@ -327,8 +339,8 @@ def floors(task: str, images: np.ndarray, labels: np.ndarray, factors: pd.DataFr
                    getattr(b.features, "categorical", False), [("", fit_predict)])
         for name, uses, x in bag_features(im, n_tr, seed):
             role = pooled_role(task) if name.endswith("_pooled") else (False, False)
-            # a global bag is also read by trees: a nonlinear read of the same position-free counts
-            readers = [("", fit_predict)] + ([(TREES, fit_trees)] if name.endswith("_global") else [])
+            # every bag is also read by trees: a nonlinear read of the same counts (which codes occur together)
+            readers = [("", fit_predict), (TREES, fit_trees)]
             yield name, uses, role, x, False, readers
 
     predicted = {}
@@ -360,12 +372,15 @@ def floors(task: str, images: np.ndarray, labels: np.ndarray, factors: pd.DataFr
     return {"task": task, "factor": OBJECTS[task][0], "chance": chance, "baselines": baselines,
             "floor": counted[best]["acc"], "floor_baseline": best,
             "floor_slices": {s: counted[n]["slices"][s]["acc"] for s, n in per_slice.items()},
-            "floor_slice_baselines": per_slice, **_beside_floor(beside)}
+            "floor_slice_baselines": per_slice, **_beside_floor(beside, list(per_slice), POOLED_BESIDE.get(task, ""))}
 
 
-def _beside_floor(beside: dict) -> dict:
-    """The strongest ``beside`` baseline on test (``beside_floor``, ``beside_baseline``); nothing when none."""
+def _beside_floor(beside: dict, slices: list[str], why: str) -> dict:
+    """The strongest ``beside`` baseline on test (``beside_floor``, ``beside_baseline``) and on each slice
+    (``beside_slices``: slice -> [acc, baseline]), and why they stand beside (``beside_why``); nothing when none."""
     if not beside:
         return {}
     name = max(beside, key=lambda n: beside[n]["acc"])
-    return {"beside_floor": beside[name]["acc"], "beside_baseline": name}
+    per = {s: max(beside, key=lambda n, s=s: beside[n]["slices"][s]["acc"]) for s in slices}
+    return {"beside_floor": beside[name]["acc"], "beside_baseline": name, "beside_why": why,
+            "beside_slices": {s: [beside[n]["slices"][s]["acc"], n] for s, n in per.items()}}

@@ -20,6 +20,7 @@ from pipeline.shortcut_bags import (
     staircase_fit,
 )
 from pipeline.shortcuts import (
+    TREES,
     channel_histograms,
     colour_histogram,
     factor_onehot,
@@ -149,7 +150,11 @@ def test_floors_per_slice_on_a_task_with_unseen_offsets():
     for name, idx in slices.items():
         got = {b: r["slices"][name] for b, r in rec["baselines"].items()}
         assert all(g["n"] == len(idx) for g in got.values())
-        assert rec["floor_slices"][name] == max(g["acc"] for g in got.values())  # alignment: none sees the factor
+        # alignment: none sees the factor; the pooled bags (they read the class's layout) stand beside the floor
+        beside = {b for b, r in rec["baselines"].items() if r["beside"]}
+        assert beside == {b for b in got if b.removesuffix(TREES).endswith("_pooled")}
+        assert rec["floor_slices"][name] == max(g["acc"] for b, g in got.items() if b not in beside)
+        assert rec["beside_slices"][name][0] == max(got[b]["acc"] for b in beside)
 
 
 @pytest.mark.slow  # a stage, a store, a browser or a long fit: make test, not test-fast
@@ -316,13 +321,15 @@ def test_natural_pooled_bags_stand_beside_the_floor_not_in_it():
     train, test = np.arange(0, 120, 2), np.arange(1, 120, 2)
     rec = floors("natural", images, labels, factors, train, test, 2, P, 0)
     beside = {name for name, b in rec["baselines"].items() if b["beside"]}
-    assert beside == {name for name in rec["baselines"] if name.endswith("_pooled")}
+    assert beside == {name for name in rec["baselines"] if name.endswith(("_pooled", "_pooled" + TREES))}
+    assert {"kmeans_pooled", "kmeans_pooled" + TREES} <= beside  # every bag is read by trees too
     assert rec["floor_baseline"] not in beside
     assert rec["floor"] == max(b["acc"] for n, b in rec["baselines"].items() if n not in beside)
     assert rec["beside_floor"] == max(rec["baselines"][n]["acc"] for n in beside) > 0.9
     assert rec["baselines"][rec["beside_baseline"]]["acc"] == rec["beside_floor"]
     page = shortcut_stage.markdown(rec)
     assert f"Shown beside, not counted: {rec['beside_baseline']}" in page and "beside (coarse layout)" in page
+    assert rec["beside_slices"] == {} and rec["beside_why"] == "coarse layout"
     other = floors("arrangement", images, labels, factors.assign(**{c: 0 for c in ARRANGEMENT_CELLS}), train, test, 2,
                    P, 0)
     assert "beside_floor" not in other and not any(b["beside"] for b in other["baselines"].values())

@@ -249,10 +249,12 @@ def measure(row: dict, runs: pd.DataFrame, items: cells.Items, config: dict, flo
     chance = chance_of(floors, runs, task)
     fraction = dict(rp.learn_fraction_tasks).get(task, rp.learn_fraction)
     base = learning_floor(floors, task, row.get("learned_on", ""))
-    rec = floors.get(task) or {}  # a stronger reference shown beside the floor (natural: the pooled bags)
+    rec = floors.get(task) or {}  # a stronger reference shown beside the floor (the pooled bags), on the row's slice
+    beside_acc, beside_name = (rec.get("beside_slices") or {}).get(
+        judged, [rec.get("beside_floor", math.nan), rec.get("beside_baseline", "")])
     out = {**_empty(row), "floor": floor, "floor_baseline": floor_name, "floor_lo": lo, "floor_hi": hi,
            "analytic_floor": analytic, "floor_bound": bound if row["kind"] == "floor" else math.nan,
-           "beside_floor": float(rec.get("beside_floor", math.nan)), "beside_baseline": rec.get("beside_baseline", ""),
+           "beside_floor": float(beside_acc), "beside_baseline": beside_name,
            "chance": chance, "learn_at": learnability.learn_threshold(chance, base, fraction)}
     if row["kind"] == "paired":
         b_rows = cells.select(runs, task, row["b"], config)

@@ -3,8 +3,8 @@ scored on ``test`` and each of its slices (regularisation chosen on ``val``).
 
 Reads the task's pool (``<data>``) and its splits (``<slices>/indices.npz``); writes ``<out>/floors.json``
 (``task, factor, chance, baselines {name: {acc, n, ci, uses, ignores, uses_factor, beside, slices}}, floor,
-floor_baseline, floor_slices, floor_slice_baselines``, and ``beside_floor, beside_baseline`` where a stronger
-reference is shown beside the floor; slices: every ``slice/...`` of the splits) or
+floor_baseline, floor_slices, floor_slice_baselines``, and ``beside_floor, beside_baseline, beside_slices,
+beside_why`` where a stronger reference is shown beside the floor; slices: every ``slice/...`` of the splits) or
 nothing, and a short Markdown table at ``--report``.
 """
 
@@ -60,32 +60,36 @@ PAGE_SLICES = ("slice/id", "slice/ood", "slice/window=same", "slice/window=cross
 
 def markdown(record: dict) -> str:
     shown = [s for s in PAGE_SLICES if s in record["floor_slices"]]
+    beside = record.get("beside_slices")
     lines = [f"# Shortcut floors: {record['task']}", "",
              f"Factor: {record['factor']}. Chance {record['chance']:.3f}; floor on test **{record['floor']:.3f}** "
              f"({record['floor_baseline']}). Baselines that see the factor are listed but not counted. A row "
              "decides on a slice only when its winning arm clears that slice's floor (docs/methods.md)."
-             + (f" Shown beside, not counted: {record['beside_baseline']} **{record['beside_floor']:.3f}** (coarse "
-                "layout; the report says where an arm sits below it)." if "beside_floor" in record else ""), "",
-             "| slice | n | floor | baseline | it ignores |", "|---|---|---|---|---|",
+             + (f" Shown beside, not counted: {record['beside_baseline']} **{record['beside_floor']:.3f}** "
+                f"({record['beside_why']}; the report says where an arm sits below it)." if "beside_floor" in record
+                else ""), "",
+             "| slice | n | floor | baseline | it ignores |" + (" beside (not counted) |" if beside else ""),
+             "|---|---|---|---|---|" + ("---|" if beside else ""),
              f"| test | {record['baselines'][record['floor_baseline']]['n']} | {record['floor']:.3f} | "
-             f"{record['floor_baseline']} | {record['baselines'][record['floor_baseline']].get('ignores', '')} |"]
+             f"{record['floor_baseline']} | {record['baselines'][record['floor_baseline']].get('ignores', '')} |"
+             + (f" {record['beside_floor']:.3f} {record['beside_baseline']} |" if beside else "")]
     for name, acc in record["floor_slices"].items():
         b = record["baselines"][record["floor_slice_baselines"][name]]
         lines.append(f"| {name} | {b['slices'][name]['n']} | {acc:.3f} | {record['floor_slice_baselines'][name]} | "
-                     f"{b.get('ignores', '')} |")
+                     f"{b.get('ignores', '')} |" + (" {:.3f} {} |".format(*beside[name]) if beside else ""))
     lines += ["", f"| baseline | test | 95% Wilson CI | {' | '.join(shown)}{' | ' if shown else ''}sees | ignores | "
               "counted |", "|---|---|---|" + "---|" * len(shown) + "---|---|---|"]
     for name, b in record["baselines"].items():
         per = "".join(f"{b['slices'][s]['acc']:.3f} | " for s in shown)
         lines.append(f"| {name} | {b['acc']:.3f} | [{b['ci'][0]:.3f}, {b['ci'][1]:.3f}] | {per}{b['uses']} | "
-                     f"{b.get('ignores', '')} | {_counted(b)} |")
+                     f"{b.get('ignores', '')} | {_counted(b, record.get('beside_why', ''))} |")
     return "\n".join(lines) + "\n"
 
 
-def _counted(baseline: dict) -> str:
+def _counted(baseline: dict, beside_why: str) -> str:
     if baseline["uses_factor"]:
         return "no (sees the factor)"
-    return "beside (coarse layout)" if baseline.get("beside") else "yes"
+    return f"beside ({beside_why})" if baseline.get("beside") else "yes"
 
 
 @stage_main
