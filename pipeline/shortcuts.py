@@ -342,7 +342,8 @@ def floors(task: str, images: np.ndarray, labels: np.ndarray, factors: pd.DataFr
         for name, uses, x in bag_features(im, n_tr, seed):
             role = pooled_role(task) if name.endswith("_pooled") else (False, False)
             # every bag is also read by trees: a nonlinear read of the same counts (which codes occur together)
-            trees = not (name.endswith("_pooled") and task in POOLED_LINEAR_ONLY)
+            # (not a pooled bag that sees the factor, arrangement's: reported, never a floor, so no second read)
+            trees = not (name.endswith("_pooled") and (task in POOLED_LINEAR_ONLY or role[0]))
             readers = [("", fit_predict)] + ([(TREES, fit_trees)] if trees else [])
             yield name, uses, role, x, False, readers
 

@@ -169,6 +169,9 @@ def test_arrangement_counts_no_baseline_that_sees_the_layout():
     sees = {name for name, b in rec["baselines"].items() if b["uses_factor"]}
     assert {"tokens_pos", "bag3b_pooled", "kmeans_pooled"} <= sees
     assert not sees & {"bag3b_global", "kmeans_global", "tokens_bag"} and rec["floor_baseline"] not in sees
+    # read by trees: every global bag (it may be a floor), no pooled one (it sees the factor: never a floor)
+    trees = {name for name in rec["baselines"] if name.endswith(TREES)}
+    assert trees == {name + TREES for name in rec["baselines"] if name.endswith("_global")}
 
 
 @pytest.mark.slow  # a stage, a store, a browser or a long fit: make test, not test-fast
