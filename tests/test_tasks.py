@@ -207,23 +207,22 @@ def test_the_battery_finds_the_pairs_border_leak():
 
 
 @pytest.mark.slow
-def test_a_margin_on_a_larger_canvas_closes_the_border_leak():
-    """The fix the leak asks for (docs/history.md, 2026-12-07): on a 32 px canvas (8 px patches) with every dot
-    at least 5 px from each edge, no window of the battery (5 px at most) sees a dot's distance to an edge: every
-    counted baseline (the global bags read by trees that found the leak at 16 px, the test above, among them)
-    stays near chance, on the test split and at the unseen sizes. The quadrant-pooled bags read the class's layout
-    wherever the box straddles a quadrant line: read by trees they score far above chance, so they stand beside
-    the floor (``beside_slices``), with the reason, never in it."""
+def test_a_margin_closes_the_border_leak_and_a_quadrant_reader_still_solves_the_pairs():
+    """The leak's fix (docs/history.md, 2026-12-07): on a 32 px canvas (8 px patches) with every dot at least 5 px
+    from each edge, no window of the battery (5 px at most) sees a dot's distance to an edge, so every global bag
+    stays near chance, read by trees too (at 16 px they read the class: the test above). It is not enough: a box
+    that straddles the image's midlines puts its colours in known quadrants, and the quadrant-pooled bags read by
+    trees name the class at sizes never trained on; they count in the floor (a shortcut: no size in them)."""
     geo = Geometry(image_size=32, patch_size=8, channels=3)
     d = make("scale", n=1600, geometry=geo, min_size=6, max_size=22, train_sizes=[9, 16], margin=5)
     fit, test = np.flatnonzero(d.factors["role"] == "fit"), np.flatnonzero(d.factors["role"] == "eval")
     unseen = test[~d.factors["id"].to_numpy()[test]]
     got = floors("scale", d.images, d.labels, d.factors, fit[:1000], test, 2, geo.patch_size, 0,
                  slices={"slice/ood": unseen}, val=fit[1000:])
-    assert got["floor"] <= 0.6 and got["floor_slices"]["slice/ood"] <= 0.6, got["floor_baseline"]
-    assert all(b["acc"] <= 0.6 for n, b in got["baselines"].items() if n.endswith("_global" + TREES)), "leak"
-    pooled_ood, name = got["beside_slices"]["slice/ood"]
-    assert name.endswith("_pooled" + TREES) and pooled_ood >= 0.75 and got["beside_why"] == "reads the class's layout"
+    glob = {n: b for n, b in got["baselines"].items() if n.removesuffix(TREES).endswith("_global")}
+    assert all(b["acc"] <= 0.6 and b["slices"]["slice/ood"]["acc"] <= 0.6 for b in glob.values()), "leak"
+    assert got["floor_slice_baselines"]["slice/ood"].endswith("_pooled" + TREES)
+    assert got["floor_slices"]["slice/ood"] >= 0.75 and "beside_floor" not in got
 
 
 def test_the_margin_keeps_the_pairs_off_the_edges():
