@@ -139,9 +139,8 @@ FINDING_RULE = (
     "'contradicted' when the lead failed, or when another informative row of the group failed and the finding "
     "does not explain that failure (`pipeline/report/explained.csv` names the rows whose failure a finding's own "
     "explanation predicts, with the reason); 'no effect' when the lead is equivalent; otherwise 'supported' (lead "
-    "held). Where a lead's arm sits below the stronger reference shown beside the floor (the quadrant-pooled bags: "
-    "on natural images a bag of patches with coarse layout, on the pairs a bag that reads the class's layout), the "
-    "label says so. An explained failure never counts as support. Each finding lists the rows "
+    "held). Where a lead's arm sits below the stronger reference shown beside the floor (natural images: the pooled "
+    "bag of patches), the label says so. An explained failure never counts as support. Each finding lists the rows "
     "that support it (held), contradict it, the failures it explains, and how many of its rows were uninformative "
     "(reasons: the ledger).")
 
@@ -223,8 +222,8 @@ SMOKE = {"natural": "see the natural profiles (profiles/natural-cpu.yaml, profil
 
 
 def beside_note(lead: pd.Series) -> str:
-    """The lead's arms below the stronger reference shown beside its floor (the quadrant-pooled bags of natural
-    and the pairs, ``beside_floor`` on the row's slice), in words; empty when there is none or both arms clear it."""
+    """The lead's arms below the stronger reference shown beside its floor (natural: the quadrant-pooled bags,
+    ``beside_floor`` on the row's slice), in words; empty when there is none or both arms clear it."""
     bf = lead.get("beside_floor", math.nan)
     if lead.get("kind") != "paired" or not isinstance(bf, float) or bf != bf:
         return ""

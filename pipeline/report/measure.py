@@ -56,7 +56,7 @@ def _slice_acc(rec: dict, subset: str) -> float | None:
 def floor_of(floors: dict, task: str, exclude: tuple[str, ...] = (), subset: str = "test") -> tuple[float, str]:
     """(floor accuracy, baseline name) of a task on ``subset`` (the slice a row decides on), leaving out the
     ``exclude`` baselines, those that see the task's own factor (reported, never a floor) and those shown beside
-    it (``beside``: the pooled bags of natural and the pairs); a slice the
+    it (``beside``: natural's pooled bags); a slice the
     shortcuts stage did not score falls back to the whole test set's floor; NaN when absent."""
     base = {k: v for k, v in (floors.get(task) or {}).get("baselines", {}).items()
             if k not in exclude and not v.get("uses_factor") and not v.get("beside")}
