@@ -190,24 +190,18 @@ OBJECTS: dict[str, tuple[str, list[tuple[str, list[list[str]], str, bool]]]] = {
 # Tasks whose factor is where things lie: a baseline that sees position (tokens_pos, a quadrant-pooled bag)
 # sees the factor itself there, so it is reported, not counted in the floor.
 POSITION_IS_FACTOR = {"arrangement"}
-# Where the quadrant-pooled bags are shown beside the floor, not counted in it, and why: on natural images a
+# Where the quadrant-pooled bags are shown beside the floor, not counted in it: on natural images a
 # learner must beat what needs no position at all (raw pixels, position-free bags); a pooled bag of patches is a
 # one-layer network with coarse layout, which a CPU budget cannot clear by a wide margin (issue 55): the report
 # says where an arm sits below it. Not the pairs (scale, alignment): there a quadrant reader solves the rows'
 # unseen sizes and offsets without either (a referee's 28 colour counts per quadrant, 2026-12-07: 0.962 and
 # 1.000), so it is a shortcut and counts.
-POOLED_BESIDE = {"natural": "coarse layout"}
-
-
-# Where the pooled bags are read linearly only: on natural images (ten classes, 4,100 features per pooled bag) trees
-# on the six pooled bags took 4.6 min at 4,000 images on 2 cores and read less than the linear pooled k-means bag
-# (0.454 at best vs 0.514; 2026-12-07), a reference beside the floor that costs more than the floor itself.
-POOLED_LINEAR_ONLY = {"natural"}
+POOLED_BESIDE = {"natural"}
 
 
 def pooled_role(task: str) -> tuple[bool, bool]:
     """(uses_factor, beside) of a quadrant-pooled bag on ``task``: its coarse layout is the task's factor where
-    position is (reported only), a reference beside the floor where :data:`POOLED_BESIDE` says why, else counted."""
+    position is (reported only), a stronger reference beside the floor on natural images, else counted."""
     uses_factor = task in POSITION_IS_FACTOR
     return uses_factor, task in POOLED_BESIDE and not uses_factor
 
@@ -335,10 +329,11 @@ def floors(task: str, images: np.ndarray, labels: np.ndarray, factors: pd.DataFr
                    getattr(b.features, "categorical", False), [("", fit_predict)])
         for name, uses, x in bag_features(im, n_tr, seed):
             role = pooled_role(task) if name.endswith("_pooled") else (False, False)
-            # every bag is also read by trees: a nonlinear read of the same counts (which codes occur together)
-            # (not a pooled bag that sees the factor, arrangement's: reported, never a floor, so no second read)
-            trees = not (name.endswith("_pooled") and (task in POOLED_LINEAR_ONLY or role[0]))
-            readers = [("", fit_predict)] + ([(TREES, fit_trees)] if trees else [])
+            # A bag that can set the floor is also read by trees: a nonlinear read of the same counts (which codes
+            # occur together). Not one that never counts (arrangement's pooled bags see its factor; natural's stand
+            # beside): on natural images trees on the six pooled bags took 4.6 min at 4,000 images on 2 cores and
+            # read less than the linear pooled k-means bag (0.454 at best vs 0.514; 2026-12-07).
+            readers = [("", fit_predict)] + ([] if any(role) else [(TREES, fit_trees)])
             yield name, uses, role, x, False, readers
 
     predicted = {}
@@ -370,15 +365,15 @@ def floors(task: str, images: np.ndarray, labels: np.ndarray, factors: pd.DataFr
     return {"task": task, "factor": OBJECTS[task][0], "chance": chance, "baselines": baselines,
             "floor": counted[best]["acc"], "floor_baseline": best,
             "floor_slices": {s: counted[n]["slices"][s]["acc"] for s, n in per_slice.items()},
-            "floor_slice_baselines": per_slice, **_beside_floor(beside, list(per_slice), POOLED_BESIDE.get(task, ""))}
+            "floor_slice_baselines": per_slice, **_beside_floor(beside, list(per_slice))}
 
 
-def _beside_floor(beside: dict, slices: list[str], why: str) -> dict:
+def _beside_floor(beside: dict, slices: list[str]) -> dict:
     """The strongest ``beside`` baseline on test (``beside_floor``, ``beside_baseline``) and on each slice
-    (``beside_slices``: slice -> [acc, baseline]), and why they stand beside (``beside_why``); nothing when none."""
+    (``beside_slices``: slice -> [acc, baseline]); nothing when none."""
     if not beside:
         return {}
     name = max(beside, key=lambda n: beside[n]["acc"])
     per = {s: max(beside, key=lambda n, s=s: beside[n]["slices"][s]["acc"]) for s in slices}
-    return {"beside_floor": beside[name]["acc"], "beside_baseline": name, "beside_why": why,
+    return {"beside_floor": beside[name]["acc"], "beside_baseline": name,
             "beside_slices": {s: [beside[n]["slices"][s]["acc"], n] for s, n in per.items()}}

@@ -249,7 +249,7 @@ def measure(row: dict, runs: pd.DataFrame, items: cells.Items, config: dict, flo
     chance = chance_of(floors, runs, task)
     fraction = dict(rp.learn_fraction_tasks).get(task, rp.learn_fraction)
     base = learning_floor(floors, task, row.get("learned_on", ""))
-    rec = floors.get(task) or {}  # a stronger reference shown beside the floor (the pooled bags), on the row's slice
+    rec = floors.get(task) or {}  # a stronger reference beside the floor (natural's pooled bags), on the row's slice
     beside_acc, beside_name = (rec.get("beside_slices") or {}).get(
         judged, [rec.get("beside_floor", math.nan), rec.get("beside_baseline", "")])
     out = {**_empty(row), "floor": floor, "floor_baseline": floor_name, "floor_lo": lo, "floor_hi": hi,

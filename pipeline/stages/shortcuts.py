@@ -3,8 +3,8 @@ scored on ``test`` and each of its slices (regularisation chosen on ``val``).
 
 Reads the task's pool (``<data>``) and its splits (``<slices>/indices.npz``); writes ``<out>/floors.json``
 (``task, factor, chance, baselines {name: {acc, n, ci, uses, ignores, uses_factor, beside, slices}}, floor,
-floor_baseline, floor_slices, floor_slice_baselines``, and ``beside_floor, beside_baseline, beside_slices,
-beside_why`` where a stronger reference is shown beside the floor; slices: every ``slice/...`` of the splits) or
+floor_baseline, floor_slices, floor_slice_baselines``, and ``beside_floor, beside_baseline, beside_slices``
+where a stronger reference is shown beside the floor; slices: every ``slice/...`` of the splits) or
 nothing, and a short Markdown table at ``--report``.
 """
 
@@ -66,7 +66,7 @@ def markdown(record: dict) -> str:
              f"({record['floor_baseline']}). Baselines that see the factor are listed but not counted. A row "
              "decides on a slice only when its winning arm clears that slice's floor (docs/methods.md)."
              + (f" Shown beside, not counted: {record['beside_baseline']} **{record['beside_floor']:.3f}** "
-                f"({record['beside_why']}; the report says where an arm sits below it)." if "beside_floor" in record
+                "(coarse layout; the report says where an arm sits below it)." if "beside_floor" in record
                 else ""), "",
              "| slice | n | floor | baseline | it ignores |" + (" beside (not counted) |" if beside else ""),
              "|---|---|---|---|---|" + ("---|" if beside else ""),
@@ -82,14 +82,14 @@ def markdown(record: dict) -> str:
     for name, b in record["baselines"].items():
         per = "".join(f"{b['slices'][s]['acc']:.3f} | " for s in shown)
         lines.append(f"| {name} | {b['acc']:.3f} | [{b['ci'][0]:.3f}, {b['ci'][1]:.3f}] | {per}{b['uses']} | "
-                     f"{b.get('ignores', '')} | {_counted(b, record.get('beside_why', ''))} |")
+                     f"{b.get('ignores', '')} | {_counted(b)} |")
     return "\n".join(lines) + "\n"
 
 
-def _counted(baseline: dict, beside_why: str) -> str:
+def _counted(baseline: dict) -> str:
     if baseline["uses_factor"]:
         return "no (sees the factor)"
-    return f"beside ({beside_why})" if baseline.get("beside") else "yes"
+    return "beside (coarse layout)" if baseline.get("beside") else "yes"
 
 
 @stage_main
