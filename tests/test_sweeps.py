@@ -1,26 +1,31 @@
-"""A parallel sweep: ``dvc exp run --queue -S`` twice, ``dvc queue start --jobs 2``, one intact MLflow store.
+"""A parallel sweep: ``dvc exp run --queue -S`` twice, ``dvc queue start --jobs 2``, one intact MLflow store; then
+docs/usage.md's "Compare experiments" commands on the two experiments it made.
 
 Queued experiments run in copies under ``.dvc/tmp/exps``; with no ``MLFLOW_TRACKING_URI`` set,
-pipeline.tracking must resolve those copies back to the repository's own ``mlflow.db``.
+pipeline.tracking must resolve those copies back to the repository's own ``mlflow.db``. The comparing commands
+work as printed: each exits 0, and an ``exp show`` table has columns beyond ``Experiment``, a row per revision and
+values in them (a tiny repository's experiments are what they compare, so the sweep's serve).
 """
 
 from __future__ import annotations
 
+import csv
+import io
+import shlex
 import sqlite3
 import subprocess
 import time
 
 import pytest
 import tiny_repo
+from test_readme import readme_commands
 
 pytestmark = pytest.mark.slow
 
 LRS = ["0.002", "0.0005"]
 
 
-def test_queued_sweep_logs_every_run_to_one_store(copy_reproduced_repo):
-    from mlflow.tracking import MlflowClient
-
+def test_queued_sweep_logs_every_run_to_one_store_and_the_docs_compare_it(copy_reproduced_repo, subtests):
     repo = copy_reproduced_repo
     tiny_repo.git(repo, "add", "-A")
     tiny_repo.git(repo, "commit", "-q", "-m", "baseline reproduced")  # queued runs start from this commit
@@ -45,6 +50,15 @@ def test_queued_sweep_logs_every_run_to_one_store(copy_reproduced_repo):
         time.sleep(2)
     assert status.count("Success") == len(LRS), status
     dvc("queue", "stop")
+    with subtests.test("one store"):
+        one_store(repo)
+    with subtests.test("the comparing commands"):
+        for command in readme_commands():
+            prints_a_table(repo, env, command)
+
+
+def one_store(repo) -> None:
+    from mlflow.tracking import MlflowClient
 
     db = repo / "mlflow.db"
     with sqlite3.connect(db) as con:
@@ -60,3 +74,18 @@ def test_queued_sweep_logs_every_run_to_one_store(copy_reproduced_repo):
         assert found.get(str(float(lr))) == ["FINISHED"] * 3, found
     assert not (repo / ".dvc/tmp/exps/mlflow.db").exists()
     assert not list((repo / ".dvc/tmp/exps").glob("*/mlflow.db"))
+
+
+def prints_a_table(repo, env: dict[str, str], command: str) -> None:
+    argv = shlex.split(command)
+    assert argv[0] == "dvc", command
+    exp_show = argv[1:3] == ["exp", "show"]
+    proc = subprocess.run([str(tiny_repo.VENV_BIN / "dvc"), *argv[1:], *(["--csv"] if exp_show else [])],
+                          cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"{command}: {proc.stderr}"
+    if exp_show:
+        header, *rows = list(csv.reader(io.StringIO(proc.stdout)))
+        assert len(header) > 1 and "Experiment" in header, f"{command}: an empty table ({header})"
+        assert len(rows) >= 1 + len(LRS), f"{command}: not a row per revision ({rows})"
+        values = [v for row in rows for name, v in zip(header, row, strict=False) if name != "Experiment"]
+        assert any(v not in ("", "-") for v in values), f"{command}: every value empty"
