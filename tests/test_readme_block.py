@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import io
 import re
 import subprocess
-import tarfile
 from pathlib import Path
 
 from pipeline import readme
@@ -21,19 +19,18 @@ def test_the_readme_block_is_what_the_generator_writes_now(tmp_path):
     """From the working tree's reports/ (after `python -m pipeline.readme`, before a commit), or from the committed
     ones: `make repro` on another machine rewrites reports/ but not README.md, and the tests must pass after it."""
     text = (ROOT / "README.md").read_text()
-    if readme.splice(text, readme.block(ROOT)) == text:
-        return
-    committed = tmp_path / "head"
-    committed.mkdir()
-    try:
-        archive = subprocess.run(["git", "archive", "HEAD", "reports", "profiles"], cwd=ROOT, capture_output=True,
-                                 check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        archive = None  # not a git checkout: the working tree is all there is
-    if archive is not None:
-        tarfile.open(fileobj=io.BytesIO(archive)).extractall(committed, filter="data")
-    assert archive is not None and readme.splice(text, readme.block(committed)) == text, (
+    fresh = [ROOT] + ([head] if (head := committed_tree(tmp_path)) else [])
+    assert any(readme.splice(text, readme.block(root)) == text for root in fresh), (
         "README.md's generated block is stale: run `python -m pipeline.readme` (it reads reports/ and profiles/)")
+
+
+def committed_tree(dest: Path) -> Path | None:
+    """reports/ and profiles/ as HEAD commits them, under ``dest``; None outside a git checkout."""
+    tar = dest / "head.tar"
+    if subprocess.run(["git", "archive", "-o", str(tar), "HEAD", "reports", "profiles"], cwd=ROOT).returncode:
+        return None
+    subprocess.run(["tar", "-xf", str(tar), "-C", str(dest)], check=True)
+    return dest
 
 
 def test_the_readme_is_short_and_names_no_commit_or_issue():
