@@ -133,7 +133,7 @@ def this_machine_vit_ms() -> tuple[float, float]:
     apart: the estimate is then a range, and a warning says why)."""
     from bench import overheads
 
-    seconds = overheads.breakdown("vit", MEASURE_STEPS, repeat=2)["steps_s"]
+    seconds = overheads.breakdown("vit", MEASURE_STEPS, repeat=2, time_imports=False)["steps_s"]
     return min(seconds) / MEASURE_STEPS * 1e3, max(seconds) / MEASURE_STEPS * 1e3
 
 

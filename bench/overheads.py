@@ -110,8 +110,9 @@ def one_run(params, arch: str, steps: int, folder: Path, n_train: int, n_val: in
 
 
 def breakdown(arch: str, steps: int, repeat: int, n_train: int = 4000, n_val: int = 1000,
-              n_test: int = 2000, fit_logger: bool = False) -> dict:
-    """Per-phase seconds of the last of ``repeat`` runs, the step share, and bit-identity across the runs."""
+              n_test: int = 2000, fit_logger: bool = False, time_imports: bool = True) -> dict:
+    """Per-phase seconds of the last of ``repeat`` runs, the step share, and bit-identity across the runs.
+    ``time_imports=False`` leaves out the imports phase (a fresh interpreter, ~5 s) where only steps are wanted."""
     import torch
     import yaml
 
@@ -139,7 +140,7 @@ def breakdown(arch: str, steps: int, repeat: int, n_train: int = 4000, n_val: in
         runs = [one_run(params, arch, steps, folder, n_train, n_val, fit_logger) for _ in range(repeat)]
     states = [r["state"] for r in runs]
     identical = all(torch.equal(states[0][k], s[k]) for s in states[1:] for k in states[0])
-    phases = {"imports": import_seconds(), **runs[-1]["phases"]}
+    phases = ({"imports": import_seconds()} if time_imports else {}) | runs[-1]["phases"]
     total = sum(v for k, v in phases.items() if not k.startswith("fit/")) + phases["fit/fit"]
     return {"arch": arch, "steps": steps, "phases": phases, "mlflow_store_s": store_s, "total_s": total,
             "step_share": phases["fit/steps"] / total, "identical": identical if repeat > 1 else None,

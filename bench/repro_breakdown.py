@@ -231,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         from bench import overheads
 
         timing["machine_steps_s"] = {"steps": PHASE_STEPS, "s": {
-            arch: overheads.breakdown(arch, PHASE_STEPS, repeat=1)["phases"]["fit/steps"] for arch in PHASE_ARCHS}}
+            arch: overheads.breakdown(arch, PHASE_STEPS, repeat=1, time_imports=False)["phases"]["fit/steps"]
+            for arch in PHASE_ARCHS}}
     savings = stop_savings(runs[runs.stage.isin(["train", "train_more", "tune"])])
     summary_path = args.repo / "reports" / "summary.json"
     paired, every = decided(json.loads(summary_path.read_text())) if summary_path.exists() else (0, 0)

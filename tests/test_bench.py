@@ -54,7 +54,7 @@ def test_the_step_measurement_writes_nothing_where_it_is_run(tmp_path, monkeypat
     from bench import overheads
 
     monkeypatch.chdir(tmp_path)
-    out = overheads.breakdown("vit", 4, repeat=2, n_train=64, n_val=32, n_test=32)
+    out = overheads.breakdown("vit", 4, repeat=2, n_train=64, n_val=32, n_test=32, time_imports=False)
     assert len(out["steps_s"]) == 2 and all(s > 0 for s in out["steps_s"])
     assert list(tmp_path.iterdir()) == []
 

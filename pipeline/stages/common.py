@@ -10,6 +10,7 @@ import os
 import resource
 import signal
 import sys
+import tempfile
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -156,6 +157,14 @@ def check_launch(rt) -> None:
                           "train.runtime.scheduler")
 
 
+def check_writable(folder: Path) -> None:
+    """Make ``folder`` (an output) and a scratch folder inside it, then remove the scratch: a read-only or full
+    file system, or no permission, raises the OSError that :func:`stage_main` prints as one line, before any run
+    trains rather than when its first result is written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    os.rmdir(tempfile.mkdtemp(prefix=".writable-", dir=folder))
+
+
 _cpu_reported = 0.0  # this process's CPU seconds already printed by run_training
 
 
@@ -172,8 +181,9 @@ def run_training(stage: str, specs: list, params: Params, args: argparse.Namespa
     without workers)."""
     rt = params.train.runtime
     check_launch(rt)
-    for folder in (args.out, args.ckpt):  # a file there would fail the first run, after it trained and logged
+    for folder in (args.out, args.ckpt):  # a file there, or no write access, would fail after the runs trained
         check_kind(folder, folder=True, error=StageError)
+        check_writable(folder)
     results = []
     if specs:  # nothing configured: no worker, no MLflow run, none of the training stack's seconds of imports
         with worker_pool(rt.workers if len(specs) > 1 else 1, rt.scheduler, WORKER_IMPORTS) as pool:
