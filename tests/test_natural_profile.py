@@ -62,10 +62,10 @@ def test_the_slice_is_the_profile_cut_to_a_cpu():
 
 
 @pytest.mark.slow
-def test_a_tiny_cut_of_the_profile_runs_through_bias_profile(tmp_path):
+def test_a_tiny_cut_of_the_profile_runs_through_bias_profile(tmp_path, make_tiny_repo):
     archive = tmp_path / "cifar-10-python.tar.gz"
     fake_python_archive(archive, per_class=30)
-    repo = tiny_repo.make_repo(tmp_path / "repo")
+    repo = make_tiny_repo("repo")
     raw = profiles.compose(NATURAL)
     archs = ["vit", "vit_nopos", "resnet"]  # a learned, a missing position table and a CNN: the checks below
     tiny = {  # at the CPU default's 16 px: the profile's stages, not its geometry, are what this test runs
