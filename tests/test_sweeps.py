@@ -41,13 +41,17 @@ def test_queued_sweep_logs_every_run_to_one_store_and_the_docs_compare_it(copy_r
     for lr in LRS:
         dvc("exp", "run", "--queue", "-S", f"tune.lrs=[{lr}]", "train")  # one lr: no trials, every cell at it
     dvc("queue", "start", "--jobs", "2")
-    deadline = time.monotonic() + 400
-    while True:
-        status = dvc("queue", "status")
-        if not any(word in status for word in ("Queued", "Running")):
-            break
+    # each finished experiment leaves a git ref (a cheap poll); DVC's own status (a second of CPU per call, beside
+    # the two experiments training) only now and then, to stop at a failure
+    deadline, asked = time.monotonic() + 400, time.monotonic()
+    while len(tiny_repo.git(repo, "for-each-ref", "refs/exps").splitlines()) < len(LRS):
+        if time.monotonic() - asked > 15:
+            status, asked = dvc("queue", "status"), time.monotonic()
+            assert "Failed" not in status and time.monotonic() < deadline, status
+        time.sleep(0.5)
+    while any(word in (status := dvc("queue", "status")) for word in ("Queued", "Running")):  # Success may lag
         assert time.monotonic() < deadline, status
-        time.sleep(2)
+        time.sleep(1)
     assert status.count("Success") == len(LRS), status
     dvc("queue", "stop")
     with subtests.test("one store"):

@@ -158,11 +158,14 @@ def check_launch(rt) -> None:
 
 
 def check_writable(folder: Path) -> None:
-    """Make ``folder`` (an output) and a scratch folder inside it, then remove the scratch: a read-only or full
-    file system, or no permission, raises the OSError that :func:`stage_main` prints as one line, before any run
-    trains rather than when its first result is written."""
-    folder.mkdir(parents=True, exist_ok=True)
-    os.rmdir(tempfile.mkdtemp(prefix=".writable-", dir=folder))
+    """A scratch folder made and removed in ``folder`` (an output), or in its nearest existing parent: a read-only
+    or full file system, or no permission, raises the OSError (naming ``folder``) that :func:`stage_main` prints
+    as one line, before any run trains rather than when its first result is written. Nothing is left behind."""
+    where = next(p for p in (folder, *folder.parents) if p.exists())
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".writable-", dir=where))
+    except OSError as err:
+        raise OSError(err.errno, err.strerror, str(folder)) from None
 
 
 _cpu_reported = 0.0  # this process's CPU seconds already printed by run_training
