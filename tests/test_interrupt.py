@@ -129,7 +129,7 @@ def resumes_exactly(repo: Path, ref: Path) -> None:
 def killed_before_first_checkpoint(repo: Path) -> Path:
     """No checkpoint to resume from: the rerun starts over and ends the dead MLflow run as KILLED. Returns the
     rerun's folder: the run of ``params.yaml`` trained uninterrupted, checkpoints aside."""
-    run = "vit" / RUN
+    run = Path("vit") / RUN
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["train"]["runtime"]["checkpoint_every_steps"] = 100_000  # never reached: killed without a checkpoint
     tiny_repo.write_params(repo / "never.yaml", params)
