@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from pipeline.config import Params
 from pipeline.errors import ConfigError, StageError
-from pipeline.families import family
 from pipeline.grid import RunSpec, at_main_budget
-from pipeline.provenance import PROVENANCE, load_teacher, pool_sha256
 from pipeline.split import load_split, training_indices, transfer_set
 
 
@@ -17,6 +15,10 @@ def check_inputs(specs: list[RunSpec], params: Params) -> None:
     A refusal is then one line and changes nothing: data, slices, training subsets, a transfer student's transfer
     set, and each teacher (readable, its sha256 as recorded, trained on these images).
     """
+    # here, not at the top: both load torch and timm (~4 s), which `bias --help` and `bias pair`'s planning never need
+    from pipeline.families import family
+    from pipeline.provenance import PROVENANCE, load_teacher, pool_sha256
+
     splits, teachers = {}, set()
     for spec in specs:
         if (spec.key.task in params.evaluation.resolution.tasks and at_main_budget(spec, params)

@@ -18,9 +18,11 @@ DESIGN = PACKAGE.parent / "docs" / "design.md"
 # MLflow and the libraries its store errors come from, matplotlib, Dask; and the training stack as a whole
 # (pipeline.experiment, and pipeline.learner, which imports Lightning), which a training stage imports after its
 # worker pool has started, so the workers import it meanwhile; the families (torch and timm), whose step costs
-# the report's seed plan reads; and the fine-tuning (torch and timm), which the finetune stage needs only with tasks.
+# the report's seed plan reads; the fine-tuning (torch and timm), which the finetune stage needs only with tasks;
+# and provenance (it builds models), which a run's input checks need only once they read a teacher.
 LAZY = ("torch", "torchvision", "lightning", "timm", "mlflow", "requests", "sqlalchemy", "matplotlib", "dask",
-        "distributed", "pipeline.experiment", "pipeline.learner", "pipeline.families", "pipeline.finetune")
+        "distributed", "pipeline.experiment", "pipeline.learner", "pipeline.families", "pipeline.finetune",
+        "pipeline.provenance")
 
 MAX_LINES = 500  # a module this long holds more than one job: split it along its seams
 
