@@ -10,6 +10,7 @@ whether the two tables agree.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 
 import torch
@@ -26,13 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     params = load_params(args.params)
     torch.set_num_threads(1)
     tables, seconds = [], []
-    for mode in (None, SkipMetaWrites):
+    for mode in (contextlib.nullcontext, SkipMetaWrites):  # with weight init, then without
         t0 = time.perf_counter()
-        if mode is None:
+        with mode():
             tables.append(budget_table(params, params.models.reference_classes))
-        else:
-            with mode():
-                tables.append(budget_table(params, params.models.reference_classes))
         seconds.append(time.perf_counter() - t0)
     same = tables[0][["arch", "width", "params"]].equals(tables[1][["arch", "width", "params"]])
     print(f"{args.params}: {len(tables[0])} architectures solved and counted: {seconds[0]:.2f} s with weight init, "
