@@ -78,14 +78,12 @@ def forward_flops(params, models) -> dict[str, int]:
     """Analytic forward FLOPs per image of each model at the width its runs solve to (``pipeline.budget``'s
     family formulas: no model is built or traced)."""
     from pipeline.budget import analytic_forward_flops
-    from pipeline.meta_device import SkipMetaWrites
     from pipeline.models import solve_width
 
     key = (params.model_dump_json(), tuple(models))  # solving widths builds models: seconds per call
     if key not in _FLOPS:
         k = params.models.reference_classes
-        with SkipMetaWrites():  # the builds are on the meta device (pipeline/meta_device.py)
-            _FLOPS[key] = {m: analytic_forward_flops(m, params, solve_width(m, params, k), k) for m in models}
+        _FLOPS[key] = {m: analytic_forward_flops(m, params, solve_width(m, params, k), k) for m in models}
     return dict(_FLOPS[key])
 
 

@@ -288,13 +288,10 @@ def _evaluation(model, spec: RunSpec, split, params: Params) -> dict:
 
 def _callbacks(spec: RunSpec, params: Params, steps: int, num_classes: int) -> tuple:
     """``(phase timer, stop rule or None, curves, every callback in order)`` of one run."""
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
-    from pipeline.learner import Criterion, Curves, PhaseTimer
+    from pipeline.learner import Criterion, Curves, PhaseTimer, StepCheckpoint
 
     rt, c = params.train.runtime, params.train.criterion
-    ckpt = ModelCheckpoint(dirpath=spec.ckpt_dir, filename="last", save_top_k=1,
-                           every_n_train_steps=rt.checkpoint_every_steps, enable_version_counter=False)
+    ckpt = StepCheckpoint(spec.ckpt_dir, rt.checkpoint_every_steps, min(rt.val_every_steps, steps))
     curves = Curves(spec.name, steps, rt.log_every_steps, rt.checkpoint_every_steps, spec.ckpt_dir / "last.ckpt",
                     live=spec.ckpt_dir / LIVE)
     timer = PhaseTimer()

@@ -21,6 +21,7 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import ModelCheckpoint
 from timm.optim import param_groups_weight_decay
 from torch import nn
 from torch.utils.data import DataLoader, Sampler, TensorDataset
@@ -239,6 +240,22 @@ def val_point(row: dict) -> dict:
     return {"step": row["step"], "val/loss": row.get("val_loss"), "val/acc": row.get("val_acc")}
 
 
+class StepCheckpoint(ModelCheckpoint):
+    """``last.ckpt`` every ``every`` optimizer steps, except at a step that validates: there :class:`Curves` saves
+    once the validation is done. Saved before it, a checkpoint would hold the step without the validation that
+    follows, and a run killed between the two would resume past that validation (its curve point and the stop
+    rule's check lost: validation at a restored step does not rerun)."""
+
+    def __init__(self, dirpath: Path, every: int, val_interval: int):
+        super().__init__(dirpath=dirpath, filename="last", save_top_k=1, every_n_train_steps=every,
+                         enable_version_counter=False)
+        self.val_interval = val_interval  # the trainer's: min(val_every, steps) (see :func:`trainer`)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step % self.val_interval:
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+
 class Curves(L.Callback):
     """Per-step train loss and learning rate (every ``log_every_steps``) and the validation curve.
 
@@ -273,9 +290,8 @@ class Curves(L.Callback):
         self.rows.append(row)
         self._emit(val_point(row))
         if row["step"] % self.ckpt_every == 0:
-            # The step's checkpoint was saved before this validation: save it again so it holds this row and the
-            # stop rule's verdict (else a run resumed from it would lack them: validation at that step does not
-            # rerun; the last step's too, where a resume trains nothing and only restores).
+            # the step's checkpoint, which :class:`StepCheckpoint` left for now: with this row and the stop rule's
+            # verdict (the last step's too, where a resume trains nothing and only restores)
             trainer.save_checkpoint(self.ckpt)
         print(f"  {self.name}: step {row['step']}/{self.total} val acc {row.get('val_acc', float('nan')):.3f}",
               flush=True)
@@ -363,7 +379,7 @@ class PhaseTimer(L.Callback):
     ``steps``: batch start to batch end (forward, backward, clipping, optimizer); ``validation``;
     ``checkpoint``: the gap after a step that saved a checkpoint; ``loop``: the other gaps between steps
     (logging, the data loader, Lightning's loop); ``setup``: the rest of ``fit``. List it before
-    ``ModelCheckpoint`` so its batch end runs before the save.
+    :class:`StepCheckpoint` so its batch end runs before the save.
     """
 
     def __init__(self):

@@ -30,8 +30,8 @@ PROVENANCE = "provenance.json"
 # The shared modules every run executes and whose code decides its numbers (the train stages' DVC deps list them).
 # Not here: registries that only list families (families/__init__.py), scheduling, tracking and reporting code.
 # A run's identity adds only its own family's module and the behaviour of its own rows of the table.
-CODE = ("learner", "predict", "experiment", "split", "grid", "models", "budget", "provenance", "subgroups",
-        "resolution", "families/common", "evaluation")
+CODE = ("learner", "predict", "experiment", "split", "grid", "models", "meta_device", "budget", "provenance",
+        "subgroups", "resolution", "families/common", "evaluation")
 # Top-level constants that schedule, draw or test a module's code but never change what a run computes (a family's
 # relative step cost, its plot colour, its expected token rule): refreshing one retrains nothing.
 OUT_OF_IDENTITY = frozenset({"STEP_COST", "PLOT_COLOUR", "EXPECTED_TOKENS"})

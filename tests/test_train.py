@@ -57,8 +57,13 @@ class Interrupt(Exception):
     """Stands in for a crash in the middle of a run."""
 
 
-def interrupting(at_step: int):
+def interrupting(at_step: int, before_validation: bool = False):
+    """Curves that stop the run at ``at_step``: after its validation, or between the step and its validation."""
     class Interrupting(learner.Curves):
+        def on_validation_start(self, trainer, pl_module):
+            if before_validation and trainer.global_step >= at_step:
+                raise Interrupt(f"stopped before the validation at step {trainer.global_step}")
+
         def on_validation_end(self, trainer, pl_module):
             super().on_validation_end(trainer, pl_module)
             if trainer.global_step >= at_step:
@@ -68,22 +73,24 @@ def interrupting(at_step: int):
 
 @pytest.fixture(scope="module")
 def runs(workspace, tmp_path_factory):
-    """Runs of one key: a, b (same seed, fresh), c (interrupted at step 10, then rerun), last (interrupted after
-    its last step's validation, then rerun) and a DeiT student."""
+    """Runs of one key: a, b (same seed, fresh), c (interrupted at step 10, then rerun), gap (interrupted between
+    step 10, a checkpoint step, and its validation, then rerun), last (interrupted after its last step's
+    validation, then rerun) and a DeiT student."""
     params = load_params(workspace / "params.yaml")
     root = tmp_path_factory.mktemp("train_runs")
-    out = {name: root / name for name in ("a", "b", "c", "last", "student", "draw")}
+    out = {name: root / name for name in ("a", "b", "c", "gap", "last", "student", "draw")}
     with mlflow_store(root):
         metrics = {name: train(workspace, out[name], params) for name in "ab"}
-        for name, step in (("c", 10), ("last", KEY.steps)):
+        for name, step, before in (("c", 10, False), ("gap", 10, True), ("last", KEY.steps, False)):
             with pytest.MonkeyPatch.context() as mp:
-                mp.setattr(learner, "Curves", interrupting(step))
+                mp.setattr(learner, "Curves", interrupting(step, before))
                 with pytest.raises(RunFailed, match="Interrupt"):
                     train(workspace, out[name], params)
         ckpt = out["c"] / "ckpt" / KEY.arch / KEY.folder
         stamp = json.loads((ckpt / "config.json").read_text())
         interrupted_files = sorted(p.name for p in ckpt.iterdir())
         metrics["c"] = train(workspace, out["c"], params)
+        metrics["gap"] = train(workspace, out["gap"], params)
         metrics["last"] = train(workspace, out["last"], params)
         metrics["draw"] = train(workspace, out["draw"], params, key=RunKey("alignment", "vit", 0, 128, 20, "steps", 1))
         metrics["student"] = train(workspace, out["student"], params, "distill", RunKey(
@@ -200,6 +207,17 @@ def test_resume_continues_from_checkpoint(runs):
     assert np.array_equal(logits(runs["out"]["a"]), logits(runs["out"]["c"]))
     assert c["slices"] == runs["metrics"]["a"]["slices"] and c["curve"] == runs["metrics"]["a"]["curve"]
     assert not any((runs["out"]["c"] / "ckpt" / KEY.arch / KEY.folder).iterdir())  # a finished run keeps no checkpoints
+
+
+def test_a_run_cut_between_a_checkpoint_step_and_its_validation_resumes_to_the_same_record(runs):
+    """Step 10 saves a checkpoint and validates; killed between the two, the run resumes from a checkpoint that
+    holds no step without its validation (step 5's), so step 10's validation runs again: the same curve, stop rule
+    and predictions as the uninterrupted run."""
+    a, gap = runs["metrics"]["a"], runs["metrics"]["gap"]
+    assert gap["measured"]["resumed"] and gap["measured"]["steps_this_process"] == KEY.steps - 5
+    assert gap["curve"] == a["curve"] and any(row["step"] == 10 for row in gap["curve"])
+    assert (gap["stop_reason"], gap["criterion_step"]) == (a["stop_reason"], a["criterion_step"])
+    assert gap["slices"] == a["slices"] and np.array_equal(logits(runs["out"]["a"]), logits(runs["out"]["gap"]))
 
 
 def test_a_run_cut_after_its_last_validation_resumes_to_the_same_record(runs):

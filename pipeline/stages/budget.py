@@ -17,7 +17,6 @@ from pipeline.archs import ARCHS
 from pipeline.errors import StageError
 from pipeline.families.swin import block_layout
 from pipeline.io import write_text, write_with
-from pipeline.meta_device import SkipMetaWrites
 from pipeline.models import build_model
 from pipeline.stages.common import parse_stage, stage_main
 
@@ -45,14 +44,13 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(1)
     # the solve time is the machine's, not the architecture's: a committed output reproduces byte for byte without it
-    with SkipMetaWrites():  # a dozen meta builds per width search (pipeline/meta_device.py)
-        table = budget.architecture_table(params).drop(columns=["solve_seconds"])
-        layouts = pd.DataFrame([
-            {"arch": arch, **block._asdict()}
-            for arch in [name for name, info in ARCHS.items() if info.family == "swin"]
-            for block in block_layout(build_model(arch, params, params.models.reference_classes))
-        ])
-        zoomed = zoomed_tables(params)
+    table = budget.architecture_table(params).drop(columns=["solve_seconds"])
+    layouts = pd.DataFrame([
+        {"arch": arch, **block._asdict()}
+        for arch in [name for name, info in ARCHS.items() if info.family == "swin"]
+        for block in block_layout(build_model(arch, params, params.models.reference_classes))
+    ])
+    zoomed = zoomed_tables(params)
     for t in [table, *(z for z, _ in zoomed.values())]:
         mismatch = t[t.forward_flops != t.forward_flops_counted]
         if len(mismatch):  # the analytic formulas are the reported numbers: they must agree with the counter

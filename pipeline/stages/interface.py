@@ -17,7 +17,6 @@ from pipeline import io
 from pipeline.errors import StageError
 from pipeline.interface import report, study
 from pipeline.interface.checks import summary
-from pipeline.meta_device import SkipMetaWrites
 from pipeline.models import ARCHS, build_model
 from pipeline.stages.common import parse_stage, stage_main
 from pipeline.tracking import stage_run
@@ -41,11 +40,10 @@ def main(argv: list[str] | None = None) -> None:
     out, rep = Path(args.out), Path(args.report)
 
     models = {}
-    with SkipMetaWrites():  # the width searches' meta builds (pipeline/meta_device.py); real weights as ever
-        for arch in ARCHS:
-            torch.manual_seed(params.seed)  # initial weights: same params -> same files
-            models[arch] = build_model(arch, params, study.HEAD_CLASSES)
-        res = study.run_all(params, models)
+    for arch in ARCHS:
+        torch.manual_seed(params.seed)  # initial weights: same params -> same files
+        models[arch] = build_model(arch, params, study.HEAD_CLASSES)
+    res = study.run_all(params, models)
     key = study.key_numbers(res)
     counts = summary(res.checks)
 
