@@ -1,7 +1,7 @@
 """SIGKILL in the middle of training, then ``dvc repro`` again: exact resume, no orphaned MLflow run.
 
 One tiny repository (tests/conftest.py) with one task and one architecture, long enough (400 steps, a
-checkpoint every 21) to be killed between checkpoints, serves both scenarios (one test, a subtest each): a
+checkpoint every 20) to be killed between checkpoints, serves both scenarios (one test, a subtest each): a
 kill before the first checkpoint (the training stage's program on its own params file and folders, with no
 checkpoint at all), whose rerun from scratch is the uninterrupted reference; then a kill between checkpoints
 under ``dvc repro``, whose resumed run must equal that reference.
@@ -25,11 +25,11 @@ pytestmark = pytest.mark.slow
 
 OVERRIDES = {
     "tasks": {"names": ["alignment"]},
-    # no step below 400 both checkpoints and validates (lcm 420): a kill between such a step's save and its
-    # validation resumes past it (docs/usage.md, "Interrupt and resume": a known gap), which is not this test's
+    # steps 60, 120, ... both checkpoint and validate: a kill may land between the two (tests/test_train.py
+    # stops a run exactly there)
     "train": {"archs": {"vit": {"models": "vit", "tasks": ["alignment"]}}, "grids": {},
               "recipe": {"steps": 400, "warmup_steps": 10},
-              "runtime": {"checkpoint_every_steps": 21, "val_every_steps": 60}},
+              "runtime": {"checkpoint_every_steps": 20, "val_every_steps": 60}},
     "distill": {"teachers": {}, "students": {}},
 }
 RUN = Path("alignment/n128-t400-s0-d0-criterion")
