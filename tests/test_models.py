@@ -20,7 +20,6 @@ from pipeline.config import parse_params
 from pipeline.errors import ConfigError
 from pipeline.families.swin import block_layout as swin_block_layout
 from pipeline.interface.reachability import generic_weights, token_dependency
-from pipeline.meta_device import SkipMetaWrites
 from pipeline.models import (
     budget_table,
     build_model,
@@ -348,8 +347,7 @@ def test_resnet_keeps_full_resolution_stem(tiny_models):
 @pytest.mark.slow  # a stage, a store, a browser or a long fit: make test, not test-fast
 def test_default_widths_land_within_tolerance():
     params = parse_params(REPO_PARAMS)
-    with SkipMetaWrites():  # as the budget stage solves them (tests/test_meta_device.py: the same builds)
-        table = budget_table(params, params.models.reference_classes)
+    table = budget_table(params, params.models.reference_classes)
     tol = params.models.param_tolerance
     for row in table.itertuples():
         assert abs(row.deviation) <= tol, f"{row.arch}: {row.params} params is {row.deviation:+.1%} off"
