@@ -24,9 +24,9 @@ def test_a_refused_set_value_leaves_every_output_and_dvc_status(make_tiny_repo):
     tiny_repo.git(repo, "add", "-A")
     tiny_repo.git(repo, "commit", "-q", "-m", "data and slices")
     before, status = digest(repo / "data"), tiny_repo.dvc(repo, "status").stdout
-    for value, says in [("seed=abc", "error: params.yaml: seed"),
-                        ("tracking.experiment_prefix=../evil", "error: params.yaml: tracking.experiment_prefix"),
-                        ("models.vit.depth=0", "error: params.yaml: models.vit.depth")]:
+    # one value, the one DVC would act on: seed is read by the data stage, whose outputs DVC deletes before running
+    # it (every other bad value is refused by the same stage: tests/test_bad_input.py, in process)
+    for value, says in [("seed=abc", "error: params.yaml: seed")]:
         proc = subprocess.run([str(tiny_repo.VENV_BIN / "dvc"), "exp", "run", "-S", value, "slice@alignment"],
                               cwd=repo, env=tiny_repo.env(repo), capture_output=True, text=True, timeout=300)
         assert proc.returncode != 0 and says in proc.stdout + proc.stderr, (value, proc.stdout, proc.stderr)
