@@ -314,23 +314,20 @@ def test_learned_table_resampled_with_the_named_interpolation_sincos_recomputed(
         at_resolution(vit, "vit", params, 10)
 
 
-@pytest.fixture
-def tiny_params(tmp_path, monkeypatch):
-    empty_store(tmp_path)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
-    path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump(TINY))
-    return path
-
-
 @pytest.mark.slow  # the whole interface stage, with its MLflow run
-def test_stage_writes_outputs_and_logs_to_mlflow(tiny_params, tmp_path):
+def test_stage_writes_outputs_and_logs_to_mlflow(reproduced_repo, tmp_path, monkeypatch):
+    """The stage on the shared tiny repository's params, here in process: its outputs and MLflow run, and the same
+    bytes as the repository's own run of it (another process, another folder: what makes a second `dvc repro` a
+    no-op and a clone's rerun agree)."""
     from mlflow.tracking import MlflowClient
 
     from pipeline.stages.interface import main
 
+    empty_store(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    params = reproduced_repo / "params.yaml"
     out, rep = tmp_path / "data", tmp_path / "report"
-    assert main(["--params", str(tiny_params), "--out", str(out), "--report", str(rep)]) == 0
+    assert main(["--params", str(params), "--out", str(out), "--report", str(rep)]) == 0
     for name in ("checks.csv", "nullity.csv", "pairs.csv", "reachability.csv", "reachability.json",
                  "summary.json"):
         assert (out / name).stat().st_size > 0
@@ -350,14 +347,13 @@ def test_stage_writes_outputs_and_logs_to_mlflow(tiny_params, tmp_path):
     m = run.data.metrics
     assert m["checks.checked"] == m["checks.held"] == summary["checks"]["checked"]
     assert math.isclose(m["patchify_max_diff"], summary["key_numbers"]["patchify_max_diff"])
-    assert run.data.params["interface.collision_width"] == "4"
+    width = yaml.safe_load(params.read_text())["interface"]["collision_width"]
+    assert run.data.params["interface.collision_width"] == str(width)
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "report")}
     assert "report/interface.md" in artifacts
 
-    # same params -> same bytes (what makes a second `dvc repro` a no-op)
-    first = {p.name: p.read_bytes() for p in rep.iterdir()}
-    assert main(["--params", str(tiny_params), "--out", str(out), "--report", str(rep)]) == 0
-    assert first == {p.name: p.read_bytes() for p in rep.iterdir()}
+    for ours, theirs in ((out, reproduced_repo / "data/interface"), (rep, reproduced_repo / "reports/interface")):
+        assert {p.name: p.read_bytes() for p in ours.iterdir()} == {p.name: p.read_bytes() for p in theirs.iterdir()}
 
 
 def test_stage_rejects_bad_params_in_one_line(tmp_path, capsys):
