@@ -201,7 +201,7 @@ def run_training(stage: str, specs: list, params: Params, args: argparse.Namespa
                 results += execute(group, at, stage, args.ckpt, pool,
                                    name if k == min(zooms) else f"{name or stage} at {at.geometry.image_size} px")
     prune(args.out, [*keep, *(s.out_dir for s in specs)])  # after success: a failed stage changes nothing
-    for folder in (args.out, args.ckpt):  # DVC outputs, even when no run is configured
+    for folder in (args.out, args.ckpt):  # the DVC output, and the checkpoints' folder, even with no run configured
         folder.mkdir(parents=True, exist_ok=True)
     # what this process took from the cores the workers train on (bench.repro_breakdown reads this line)
     # (since the previous call: a stage that trains in rounds prints one line per round, and they add up)

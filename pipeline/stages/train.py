@@ -6,7 +6,7 @@ its provenance record). Every run of a cell trains at the learning rate the tune
 
 Runs fan out to workers (:func:`pipeline.executor.map_runs`), longest first; this process writes and tracks.
 Outputs per run: ``<out>/<arch>/<task>/n<size>-t<steps>-s<seed>-d<data_seed>/{metrics.json,predictions.npz,
-weights.pt}``; checkpoints in ``<ckpt>/...`` (a persisted DVC output: an interrupted run resumes).
+weights.pt}``; checkpoints in ``<ckpt>/...`` (scratch, not a DVC output: an interrupted run resumes).
 """
 
 from __future__ import annotations

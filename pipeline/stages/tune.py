@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     if specs:
         write_text(args.report / "trials.csv", trials.to_csv(index=False))
     write_text(args.report / "tuning.md", tune.markdown(trials, chosen, params))
-    for folder in (args.out, args.ckpt):  # DVC outputs, even with no trials
+    for folder in (args.out, args.ckpt):  # the DVC output and the checkpoints' folder, even with no trials
         folder.mkdir(parents=True, exist_ok=True)
     write_json(args.choice, tune.choice_record(params, chosen))
     print(f"tune: {len(specs)} trials; chosen learning rates in {args.choice}", flush=True)
