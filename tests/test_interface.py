@@ -317,8 +317,8 @@ def test_learned_table_resampled_with_the_named_interpolation_sincos_recomputed(
 @pytest.mark.slow  # the whole interface stage, with its MLflow run
 def test_stage_writes_outputs_and_logs_to_mlflow(reproduced_repo, tmp_path, monkeypatch):
     """The stage on the shared tiny repository's params, here in process: its outputs and MLflow run, and the same
-    bytes as the repository's own run of it (another process, another folder: what makes a second `dvc repro` a
-    no-op and a clone's rerun agree)."""
+    tables and text, byte for byte, as the repository's own run of it (another process, another folder: what makes
+    a clone's rerun agree)."""
     from mlflow.tracking import MlflowClient
 
     from pipeline.stages.interface import main
@@ -352,8 +352,12 @@ def test_stage_writes_outputs_and_logs_to_mlflow(reproduced_repo, tmp_path, monk
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "report")}
     assert "report/interface.md" in artifacts
 
+    # the figures aside: matplotlib's state in a test worker is what earlier tests left (sizes differ), a stage
+    # process starts clean
     for ours, theirs in ((out, reproduced_repo / "data/interface"), (rep, reproduced_repo / "reports/interface")):
-        assert {p.name: p.read_bytes() for p in ours.iterdir()} == {p.name: p.read_bytes() for p in theirs.iterdir()}
+        assert {p.name for p in ours.iterdir()} == {p.name for p in theirs.iterdir()}
+        assert {p.name: p.read_bytes() for p in ours.iterdir() if p.suffix != ".png"} == {
+            p.name: p.read_bytes() for p in theirs.iterdir() if p.suffix != ".png"}
 
 
 def test_stage_rejects_bad_params_in_one_line(tmp_path, capsys):
