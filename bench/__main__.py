@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{arch}: steps {phases[-1]['step_share']:.1%} of a run's wall time", flush=True)
     # fresh processes (with Dask clusters): not in CI's small mode
     workers = [] if small else worker_env.measure(args.archs, 200)
-    starts, exits = ([], []) if small else (startup.measure(5), startup.measure_exit(5))
+    starts, exits, gcs = ([], [], []) if small else (startup.measure(5), startup.measure_exit(5),
+                                                      startup.measure_imports(5))
     cuda = {} if small else worker_env.cuda_check()
     text = render(results, floor, aa, (fits, steps, skip), matmul, data, data_n, dvc, timing,
                   "small" if small else "full", params)
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     csvs = (root / "tables/ledger.csv", root / "quick/ledger.csv")
     ledgers = tuple(pd.read_csv(p) for p in csvs) if all(p.exists() for p in csvs) else None
     sections = (render_phases(phases) + render_quick(quick, timing, *summaries, ledgers) + render_worker_env(workers)
-                + render_startup(starts, exits) + render_changes(workers, starts, exits, cuda, phases))
+                + render_startup(starts, exits, gcs) + render_changes(workers, starts, exits, gcs, cuda, phases))
     write_text(args.out, text + "\n".join(sections) + "\n")
     print(f"-> {args.out}")
     return 0

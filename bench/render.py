@@ -241,7 +241,7 @@ def render_worker_env(rows: list[dict]) -> list[str]:
     return lines
 
 
-def render_startup(rows: list[dict], exit_rows: list[dict]) -> list[str]:
+def render_startup(rows: list[dict], exit_rows: list[dict], gc_rows: list[dict]) -> list[str]:
     """A training stage's start-up, cold vs warm workers (bench/startup.py); nothing in small mode."""
     if not rows:
         return []
@@ -265,16 +265,21 @@ def render_startup(rows: list[dict], exit_rows: list[dict]) -> list[str]:
               f"{exits['frozen']:.2f} s after `gc.freeze()`, which every stage run as a program does at its end "
               "(`pipeline/stages/common.py`) and every Dask worker at its close (`pipeline/executor.py`): the "
               "interpreter's last collections then skip the objects those libraries made."]
+    gcs = {r["mode"]: r["imports_cpu_s"] for r in gc_rows}
+    lines += ["", f"Importing that stack takes {gcs['python']:.2f} s of CPU at Python's own GC thresholds and "
+              f"{gcs['raised']:.2f} s at those `pipeline/__init__.py` sets for every process's start-up (median of "
+              f"{gc_rows[0]['repeats']}); a run sets Python's own back before it trains (`pipeline/executor.py`)."]
     return lines
 
 
-def render_changes(workers: list[dict], starts: list[dict], exits: list[dict], cuda: dict,
+def render_changes(workers: list[dict], starts: list[dict], exits: list[dict], gc_rows: list[dict], cuda: dict,
                    phases: list[dict]) -> list[str]:
     """One table: each kept speed change and what it bought (this run's figures first); nothing in small mode."""
     if not workers or not starts:
         return []
     by = {r["mode"]: r for r in starts}
     ex = {r["mode"]: r["exit_s"] for r in exits}
+    gcs = {r["mode"]: r["imports_cpu_s"] for r in gc_rows}
     default, ours = (sum(r[k] for r in workers) / len(workers) for k in worker_env.SETTINGS[1:])
     vit_ms = next((r["phases"]["fit/steps"] / r["steps"] * 1e3 for r in phases if r["arch"] == "vit"), None)
     share = f"; {(cuda['nvml'] - cuda['runtime']) / vit_ms:.1%} of a ViT training step" if cuda and vit_ms else ""
@@ -287,6 +292,8 @@ def render_changes(workers: list[dict], starts: list[dict], exits: list[dict], c
          f"{by['cold']['ready_s'] / by['warm']['ready_s']:.2f}x", "this run (table above)"),
         ("`gc.freeze()` before a process exits", "s to exit after importing the stack", f"{ex['plain']:.2f}",
          f"{ex['frozen']:.2f}", f"{ex['plain'] / ex['frozen']:.2f}x", "this run (above)"),
+        ("GC thresholds raised for a process's start-up", "CPU s to import the stack", f"{gcs['python']:.2f}",
+         f"{gcs['raised']:.2f}", f"{gcs['python'] / gcs['raised']:.2f}x", "this run (above)"),
         *([("no NVML probe in AdamW's CUDA check without a GPU (`executor.cheap_cuda_check`)",
             "ms per fused AdamW `step()` on the ViT (once per training step)", f"{cuda['nvml']:.2f}",
             f"{cuda['runtime']:.2f}", f"{cuda['nvml'] / cuda['runtime']:.2f}x (of `step()`{share})",

@@ -5,7 +5,8 @@ training stage does before its first step (``pipeline.stages.common.run_training
 what the stage process imports (the run preparation and MLflow), and hand each worker a first task that needs the
 training stack. *cold*: the workers import it when that task arrives (the executor before ``worker_pool``);
 *warm*: ``worker_pool`` has them import it from the start, alongside the stage process's own imports. Then the
-pool closes, and that is timed too.
+pool closes, and that is timed too. Apart: a process's exit with and without ``gc.freeze()``, and the CPU its
+imports take at Python's own GC thresholds and at the raised ones :mod:`pipeline` sets for the start-up.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("cold", "warm")
 EXITS = ("plain", "frozen")
+GCS = ("python", "raised")  # the collector's thresholds while the stack imports: Python's own, or pipeline's
 
 
 def first_task(_item: int) -> int:
@@ -67,6 +69,23 @@ def exit_child(mode: str) -> dict:
     return {"mode": mode, "imports_s": time.perf_counter() - t0}
 
 
+def import_child(mode: str) -> dict:
+    """In a fresh process: the CPU seconds importing torch, timm, Lightning and MLflow takes at Python's own GC
+    thresholds or at those :mod:`pipeline` sets for a process's start-up."""
+    import gc
+
+    from pipeline import PYTHON_GC, STARTUP_GC
+
+    gc.set_threshold(*(PYTHON_GC if mode == "python" else STARTUP_GC))
+    t0 = time.process_time()
+    import lightning  # noqa: F401
+    import mlflow  # noqa: F401
+    import timm  # noqa: F401
+    import torch  # noqa: F401
+
+    return {"mode": mode, "imports_cpu_s": time.process_time() - t0}
+
+
 def _medians(flag: str, modes: tuple[str, ...], repeats: int, key) -> list[dict]:
     """Per mode, the median row (by ``key``) of ``repeats`` fresh ``python -m bench.startup <flag> <mode>``
     processes run alternately; each row gains ``process_s``, the process's wall time."""
@@ -97,19 +116,28 @@ def measure_exit(repeats: int) -> list[dict]:
     return [{**r, "exit_s": r["process_s"] - r["imports_s"]} for r in rows]
 
 
+def measure_imports(repeats: int) -> list[dict]:
+    """Python's vs the raised GC thresholds: CPU seconds to import the stack (median)."""
+    return _medians("--imports", GCS, repeats, key=lambda r: r["imports_cpu_s"])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     ap.add_argument("--exit", choices=EXITS, help=argparse.SUPPRESS)
+    ap.add_argument("--imports", choices=GCS, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         print(json.dumps(child(args.child)), flush=True)
     elif args.exit:
         print(json.dumps(exit_child(args.exit)), flush=True)
+    elif args.imports:
+        print(json.dumps(import_child(args.imports)), flush=True)
     else:
         measure(args.repeats)
         measure_exit(args.repeats)
+        measure_imports(args.repeats)
     return 0
 
 

@@ -32,6 +32,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from pipeline import PYTHON_GC
 from pipeline.environment import differences, environment
 from pipeline.errors import StageError, Terminated
 
@@ -77,9 +78,11 @@ def cheap_cuda_check() -> None:
 
 
 def _call(fn: Callable, item: Any, threads: int) -> tuple[bool, Any]:
-    """Run ``fn(item)`` on ``threads`` torch threads; an exception comes back as data, not as a raise."""
+    """Run ``fn(item)`` on ``threads`` torch threads and Python's own GC thresholds (:mod:`pipeline` raises them for
+    the start-up); an exception comes back as data, not as a raise."""
     import torch
 
+    gc.set_threshold(*PYTHON_GC)
     cheap_cuda_check()
     before = torch.get_num_threads()
     torch.set_num_threads(threads)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -74,6 +76,10 @@ def nvml_check(_item=None) -> str | None:
     return os.environ.get(executor.NVML_CHECK)
 
 
+def gc_threshold(_item=None) -> tuple[int, int, int]:
+    return gc.get_threshold()
+
+
 no_gpu = pytest.mark.skipif(torch.cuda.device_count() > 0, reason="with a GPU the check is cached, and kept")
 
 
@@ -81,6 +87,23 @@ no_gpu = pytest.mark.skipif(torch.cuda.device_count() > 0, reason="with a GPU th
 def test_runs_skip_lightnings_nvml_probe_without_a_gpu(monkeypatch):
     monkeypatch.setenv(executor.NVML_CHECK, "1")  # as lightning.fabric's import leaves it
     assert dict(map_runs(nvml_check, [0], workers=1)) == {0: "0"}
+
+
+def test_a_run_trains_at_pythons_own_gc_thresholds():
+    """A process importing the package raises the collector's thresholds for its start-up (its imports' objects are
+    long-lived); a run gets Python's own back, so the cycles a training step leaves go at the usual pace."""
+    import pipeline
+
+    fresh = subprocess.run([sys.executable, "-c", "import gc; d = gc.get_threshold(); import pipeline; "
+                            "print(*d, *gc.get_threshold())"], capture_output=True, text=True, check=True)
+    assert [int(x) for x in fresh.stdout.split()] == [*pipeline.PYTHON_GC, *pipeline.STARTUP_GC]
+    assert pipeline.STARTUP_GC[0] > pipeline.PYTHON_GC[0]
+    before = gc.get_threshold()
+    gc.set_threshold(*pipeline.STARTUP_GC)
+    try:
+        assert dict(map_runs(gc_threshold, [0], workers=1)) == {0: pipeline.PYTHON_GC}
+    finally:
+        gc.set_threshold(*before)
 
 
 @pytest.mark.slow  # starts a local Dask cluster (worker processes)
