@@ -23,8 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-IMPORTS = ("import lightning, timm, torch, mlflow; import pipeline.experiment, pipeline.learner, pipeline.models; "
-           "from lightning.pytorch.loggers import MLFlowLogger")
+# the package first, as in a stage or worker process: its start-up GC thresholds (pipeline/__init__.py) apply
+IMPORTS = ("import pipeline; import lightning, timm, torch, mlflow; import pipeline.experiment, pipeline.learner, "
+           "pipeline.models; from lightning.pytorch.loggers import MLFlowLogger")
 
 
 def import_seconds() -> float:
