@@ -267,7 +267,7 @@ def render_startup(rows: list[dict], exit_rows: list[dict], gc_rows: list[dict])
               "interpreter's last collections then skip the objects those libraries made."]
     gcs = {r["mode"]: r["imports_cpu_s"] for r in gc_rows}
     lines += ["", f"Importing that stack takes {gcs['python']:.2f} s of CPU at Python's own GC thresholds and "
-              f"{gcs['raised']:.2f} s at those `pipeline/__init__.py` sets for every process's start-up (median of "
+              f"{gcs['raised']:.2f} s at those `pipeline/__init__.py` sets for every process (median of "
               f"{gc_rows[0]['repeats']}); a run sets Python's own back before it trains (`pipeline/executor.py`)."]
     return lines
 
@@ -292,8 +292,8 @@ def render_changes(workers: list[dict], starts: list[dict], exits: list[dict], g
          f"{by['cold']['ready_s'] / by['warm']['ready_s']:.2f}x", "this run (table above)"),
         ("`gc.freeze()` before a process exits", "s to exit after importing the stack", f"{ex['plain']:.2f}",
          f"{ex['frozen']:.2f}", f"{ex['plain'] / ex['frozen']:.2f}x", "this run (above)"),
-        ("GC thresholds raised for a process's start-up", "CPU s to import the stack", f"{gcs['python']:.2f}",
-         f"{gcs['raised']:.2f}", f"{gcs['python'] / gcs['raised']:.2f}x", "this run (above)"),
+        ("GC thresholds raised but for runs (`pipeline/__init__.py`)", "CPU s to import the stack",
+         f"{gcs['python']:.2f}", f"{gcs['raised']:.2f}", f"{gcs['python'] / gcs['raised']:.2f}x", "this run (above)"),
         *([("no NVML probe in AdamW's CUDA check without a GPU (`executor.cheap_cuda_check`)",
             "ms per fused AdamW `step()` on the ViT (once per training step)", f"{cuda['nvml']:.2f}",
             f"{cuda['runtime']:.2f}", f"{cuda['nvml'] / cuda['runtime']:.2f}x (of `step()`{share})",

@@ -6,7 +6,7 @@ what the stage process imports (the run preparation and MLflow), and hand each w
 training stack. *cold*: the workers import it when that task arrives (the executor before ``worker_pool``);
 *warm*: ``worker_pool`` has them import it from the start, alongside the stage process's own imports. Then the
 pool closes, and that is timed too. Apart: a process's exit with and without ``gc.freeze()``, and the CPU its
-imports take at Python's own GC thresholds and at the raised ones :mod:`pipeline` sets for the start-up.
+imports take at Python's own GC thresholds and at the raised ones :mod:`pipeline` sets (a process's, not its runs').
 """
 
 from __future__ import annotations
@@ -71,12 +71,12 @@ def exit_child(mode: str) -> dict:
 
 def import_child(mode: str) -> dict:
     """In a fresh process: the CPU seconds importing torch, timm, Lightning and MLflow takes at Python's own GC
-    thresholds or at those :mod:`pipeline` sets for a process's start-up."""
+    thresholds or at those :mod:`pipeline` sets for a process (its runs aside)."""
     import gc
 
-    from pipeline import PYTHON_GC, STARTUP_GC
+    from pipeline import PYTHON_GC, RAISED_GC
 
-    gc.set_threshold(*(PYTHON_GC if mode == "python" else STARTUP_GC))
+    gc.set_threshold(*(PYTHON_GC if mode == "python" else RAISED_GC))
     t0 = time.process_time()
     import lightning  # noqa: F401
     import mlflow  # noqa: F401

@@ -79,19 +79,20 @@ def cheap_cuda_check() -> None:
 
 def _call(fn: Callable, item: Any, threads: int) -> tuple[bool, Any]:
     """Run ``fn(item)`` on ``threads`` torch threads and Python's own GC thresholds (:mod:`pipeline` raises them for
-    the start-up); an exception comes back as data, not as a raise."""
+    the rest of the process); an exception comes back as data, not as a raise."""
     import torch
 
-    gc.set_threshold(*PYTHON_GC)
     cheap_cuda_check()
-    before = torch.get_num_threads()
+    before = torch.get_num_threads(), gc.get_threshold()
     torch.set_num_threads(threads)
+    gc.set_threshold(*PYTHON_GC)
     try:
         return True, fn(item)
     except BaseException as err:  # noqa: BLE001 - reported to the stage process, which decides
         return False, (f"{type(err).__name__}: {err}".splitlines()[0], traceback.format_exc())
     finally:
-        torch.set_num_threads(before)
+        torch.set_num_threads(before[0])
+        gc.set_threshold(*before[1])
 
 
 def longest_first(items: list[Any], cost: Callable[[Any], float] | None) -> list[Any]:

@@ -90,18 +90,19 @@ def test_runs_skip_lightnings_nvml_probe_without_a_gpu(monkeypatch):
 
 
 def test_a_run_trains_at_pythons_own_gc_thresholds():
-    """A process importing the package raises the collector's thresholds for its start-up (its imports' objects are
-    long-lived); a run gets Python's own back, so the cycles a training step leaves go at the usual pace."""
+    """A process importing the package raises the collector's thresholds (its imports' objects are long-lived); a
+    run gets Python's own, so the cycles a training step leaves go at the usual pace, and the process its own after."""
     import pipeline
 
     fresh = subprocess.run([sys.executable, "-c", "import gc; d = gc.get_threshold(); import pipeline; "
                             "print(*d, *gc.get_threshold())"], capture_output=True, text=True, check=True)
-    assert [int(x) for x in fresh.stdout.split()] == [*pipeline.PYTHON_GC, *pipeline.STARTUP_GC]
-    assert pipeline.STARTUP_GC[0] > pipeline.PYTHON_GC[0]
+    assert [int(x) for x in fresh.stdout.split()] == [*pipeline.PYTHON_GC, *pipeline.RAISED_GC]
+    assert pipeline.RAISED_GC[0] > pipeline.PYTHON_GC[0]
     before = gc.get_threshold()
-    gc.set_threshold(*pipeline.STARTUP_GC)
+    gc.set_threshold(*pipeline.RAISED_GC)
     try:
         assert dict(map_runs(gc_threshold, [0], workers=1)) == {0: pipeline.PYTHON_GC}
+        assert gc.get_threshold() == pipeline.RAISED_GC
     finally:
         gc.set_threshold(*before)
 
