@@ -13,6 +13,7 @@ import cloudpickle
 import pytest
 import torch
 
+import pipeline
 from pipeline import executor
 from pipeline.executor import RunFailed, map_runs
 
@@ -92,8 +93,6 @@ def test_runs_skip_lightnings_nvml_probe_without_a_gpu(monkeypatch):
 def test_a_run_trains_at_pythons_own_gc_thresholds():
     """A process importing the package raises the collector's thresholds (its imports' objects are long-lived); a
     run gets Python's own, so the cycles a training step leaves go at the usual pace, and the process its own after."""
-    import pipeline
-
     fresh = subprocess.run([sys.executable, "-c", "import gc; d = gc.get_threshold(); import pipeline; "
                             "print(*d, *gc.get_threshold())"], capture_output=True, text=True, check=True)
     assert [int(x) for x in fresh.stdout.split()] == [*pipeline.PYTHON_GC, *pipeline.RAISED_GC]
