@@ -23,9 +23,10 @@ def bias(cwd, *args: str) -> subprocess.CompletedProcess:
 
 
 def tree(repo) -> dict[str, int]:
-    """Every file under ``repo`` with its size and mtime: what "nothing written" is checked against."""
+    """Every file under ``repo`` with its size and mtime: what "nothing written" is checked against (Python's
+    bytecode caches aside: the interpreter's, not the command's)."""
     return {str(p.relative_to(repo)): (p.stat().st_size, p.stat().st_mtime_ns) for p in repo.rglob("*")
-            if p.is_file()}
+            if p.is_file() and "__pycache__" not in p.parts}
 
 
 def test_run_one_reproduces_the_train_stage_and_records_nothing(copy_reproduced_repo):
