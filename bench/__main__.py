@@ -92,15 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     data = {t: data_speed.throughput(t, data_n, params.geometry, repeats_data, params) for t in data_speed.SYNTHETIC}
     print("data images/s: " + ", ".join(f"{t} {v:,.0f}" for t, v in data.items()))
 
-    dvc = None
-    if args.repo is not None or not small:
-        repo = args.repo
-        if repo is None:
-            repo = tiny.make_repo(Path(tempfile.mkdtemp(prefix="bench-")) / "repo")
-            print(f"reproducing a tiny copy in {repo} ...", flush=True)
-            tiny.dvc(repo, "repro", timeout=1800)
-        dvc = {"repo": "tiny copy" if args.repo is None else str(repo), **dvc_figures(repo)}
-        print(f"dvc: {dvc}")
+    dvc = None if args.repo is None and small else measure_dvc(args.repo)
     timing_path = tiny.ROOT / "reports/repro_timing.json"
     timing = json.loads(timing_path.read_text()) if timing_path.exists() else None
 
@@ -115,17 +107,34 @@ def main(argv: list[str] | None = None) -> int:
     cuda = {} if small else worker_env.cuda_check()
     text = render(results, floor, aa, (fits, steps, skip), matmul, data, data_n, dvc, timing,
                   "small" if small else "full", params)
+    sections = (render_phases(phases) + render_quick(*committed_quick(timing)) + render_worker_env(workers)
+                + render_startup(starts, exits, gcs) + render_changes(workers, starts, exits, gcs, cuda, phases))
+    write_text(args.out, text + "\n".join(sections) + "\n")
+    print(f"-> {args.out}")
+    return 0
+
+
+def measure_dvc(repo: Path | None) -> dict:
+    """Section 4 in ``repo`` (already reproduced) or, without one, in a tiny copy reproduced first."""
+    where = "tiny copy" if repo is None else str(repo)
+    if repo is None:
+        repo = tiny.make_repo(Path(tempfile.mkdtemp(prefix="bench-")) / "repo")
+        print(f"reproducing a tiny copy in {repo} ...", flush=True)
+        tiny.dvc(repo, "repro", timeout=1800)
+    dvc = {"repo": where, **dvc_figures(repo)}
+    print(f"dvc: {dvc}")
+    return dvc
+
+
+def committed_quick(timing: dict | None) -> tuple:
+    """What :func:`bench.render.render_quick` compares, read from the committed reports (None where absent)."""
     quick_path, root = tiny.ROOT / QUICK, tiny.ROOT / "reports"
     quick = json.loads(quick_path.read_text()) if quick_path.exists() else None
     summaries = [json.loads(p.read_text()) if p.exists() else None
                  for p in (root / "quick/summary.json", root / "summary.json")]
     csvs = (root / "tables/ledger.csv", root / "quick/ledger.csv")
     ledgers = tuple(pd.read_csv(p) for p in csvs) if all(p.exists() for p in csvs) else None
-    sections = (render_phases(phases) + render_quick(quick, timing, *summaries, ledgers) + render_worker_env(workers)
-                + render_startup(starts, exits, gcs) + render_changes(workers, starts, exits, gcs, cuda, phases))
-    write_text(args.out, text + "\n".join(sections) + "\n")
-    print(f"-> {args.out}")
-    return 0
+    return quick, timing, *summaries, ledgers
 
 
 if __name__ == "__main__":

@@ -35,8 +35,6 @@ def render(steps: list[StepResult], floor: StepResult, aa: StepResult, timing_sh
            params: Params) -> str:
     """The page's head and its sections 1-4 and 6 (training step, FLOP/s, data generation, DVC, the default
     repro's stages); the other sections are the ``render_*`` below, appended by ``python -m bench``."""
-    g, batch = params.geometry, params.train.recipe.batch_size
-    fits, n_steps, skip = timing_shape
     lines = [
         "# Performance (level 3: measured on this machine)",
         "",
@@ -44,6 +42,30 @@ def render(steps: list[StepResult], floor: StepResult, aa: StepResult, timing_sh
         "not counted: wall-clock times on a shared machine vary by tens of percent between runs; a figure is "
         "the best of its repeats unless it says otherwise, on one torch thread (as every training process runs).",
         "",
+        *_steps(steps, floor, aa, timing_shape, matmul, params),
+        "",
+        f"## Data generation ({data_n:,} images of {params.geometry.image_size}x{params.geometry.image_size}, "
+        "bench/data_speed.py)",
+        "",
+        "| task | images/s |",
+        "|---|---|",
+        *[f"| {task} | {rate:,.0f} |" for task, rate in data.items()],
+        "",
+        "## DVC",
+        "",
+        *_dvc(dvc),
+        "", "## Full default `dvc repro`, wall time by stage", "",
+        *_repro(timing),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _steps(steps: list[StepResult], floor: StepResult, aa: StepResult, timing_shape: tuple[int, int, int],
+           matmul: float, params: Params) -> list[str]:
+    """Section 1 and the matmul reference: Lightning's step against a plain loop's, its control and its floor."""
+    g, batch = params.geometry, params.train.recipe.batch_size
+    fits, n_steps, skip = timing_shape
+    lines = [
         "## Training step: Lightning vs a plain PyTorch loop",
         "",
         f"Same model (params.yaml widths, {g.image_size} px), AdamW groups, warmup+cosine schedule, gradient "
@@ -73,7 +95,7 @@ def render(steps: list[StepResult], floor: StepResult, aa: StepResult, timing_sh
                      f"{achieved / matmul:.1%} |")
     same = all(s.identical for s in steps)
     extra = ", ".join(f"{s.arch} {(s.lightning_s - s.plain_s) * 1e3:.2f} ms of {s.plain_s * 1e3:.2f}" for s in steps)
-    lines += [
+    return lines + [
         "",
         ("*Same final weights*: in every fit the two copies ended bit-identical, so both sides computed the same "
          "training." if same else "*Same final weights*: NO for some arch: the two sides did not compute the "
@@ -89,63 +111,56 @@ def render(steps: list[StepResult], floor: StepResult, aa: StepResult, timing_sh
         "That loop runs Lightning's per-step hooks, the closure around the optimizer step, the scheduler and "
         "clipping calls and `Classifier.training_step`'s finite-loss check; the step feeds `self.log_dict` only "
         f"on the steps a logger writes. The extra per step with the models: {extra}.",
-    ]
-    lines += [
         "",
         f"Matmul reference: fp32 512x512 @ 512x512 on one thread, {matmul / 1e9:.1f} GFLOP/s. Achieved = counted "
         "training FLOPs per step (pipeline.budget: 3 x forward, 2 FLOPs per multiply-add) / Lightning step time.",
-        "",
-        f"## Data generation ({data_n:,} images of {g.image_size}x{g.image_size}, bench/data_speed.py)",
-        "",
-        "| task | images/s |",
-        "|---|---|",
-        *[f"| {task} | {rate:,.0f} |" for task, rate in data.items()],
-        "",
-        "## DVC",
-        "",
     ]
+
+
+def _dvc(dvc: dict | None) -> list[str]:
+    """Section 4: a no-op repro's time, and what an edit of a report setting reruns (bench/dvc_figures.py)."""
     if dvc is None:
-        lines.append("Not measured in this run (small mode without `--repo`).")
-    elif "error" in dvc:
-        lines.append(f"Not measured: {dvc['error']}.")
-    else:
-        lines.append(f"- No-op `dvc repro` in `{dvc['repo']}`: {dvc['noop_s']:.2f} s (goal <= {NOOP_GOAL_S:.0f} s: "
-                     f"{'met' if dvc['noop_s'] <= NOOP_GOAL_S else 'not met'}); stages run: "
-                     f"{'some (not a no-op!)' if dvc['noop_ran'] else 'none'}.")
-        if dvc["report_key"] is None:
-            lines.append("- Report param edit: not measured (no `report` stage in dvc.lock).")
-        else:
-            others = [s for s in dvc["changed"] if not s.startswith("report")]
-            retrain = [s for s in others if s.split("@")[0] in TRAINING_STAGES]
-            lines.append(f"- Report param edit (`{dvc['report_key']}`, the one the fewest other stages read): "
-                         f"`dvc status` lists {', '.join(dvc['changed']) or 'nothing'}; other stages changed: "
-                         f"{', '.join(others) or 'none'}; training stages changed: {', '.join(retrain) or 'none'} "
-                         f"(goal: none).")
-    lines += ["", "## Full default `dvc repro`, wall time by stage", ""]
-    if timing:
-        stages = stage_seconds(timing)
-        total = timing.get("total", sum(stages.values()))  # bench.repro_timing's wall total, DVC's own time in
-        lines += ["From `reports/repro_timing.json`, written by `python -m bench.repro_breakdown` (a fresh-clone "
-                  "repro's timestamped console; per-run detail in `repro_breakdown.md`) or `python -m "
-                  "bench.repro_timing`. A stage lasts until the next one starts. That repro may have run on "
-                  "another machine than the rest of this page (compare its step times in `repro_breakdown.md` "
-                  "with the tables here).", "",
-                  "| stage | seconds |", "|---|---|",
-                  *[f"| {k} | {v:,.0f} |" for k, v in stages.items()],
-                  f"| **total (wall)** | {total:,.0f} |", "",
-                  f"Against the goal of a full default study in {STUDY_GOAL_MIN} min on this 2-core machine: "
-                  f"{total / 60:.1f} min, {'met' if total <= STUDY_GOAL_MIN * 60 else 'missed'} "
-                  f"({total / 60 / STUDY_GOAL_MIN:.2f}x the goal)."]
-        if t := timing.get("training"):  # bench.repro_breakdown's per-run sums
-            lines += ["", f"Training stages: {t['runs']} runs in {t['wall_s'] / 60:.1f} min of wall time. Optimizer "
-                      f"steps take {t['steps_share']:.0%} of the training stages' worker time (goal "
-                      f">= {STEPS_GOAL:.0%}) and {t['steps_share_of_runs']:.0%} of the runs' own time in their "
-                      "workers (data, model, fit, evaluation); the difference is stage start-up, the stage "
-                      "process's writing and MLflow while workers wait, and idle workers at the end."]
-    else:
-        lines.append("Not measured in this run (no `reports/repro_timing.json`; expected format "
-                     "`{\"<stage>\": seconds}`).")
-    return "\n".join(lines) + "\n"
+        return ["Not measured in this run (small mode without `--repo`)."]
+    if "error" in dvc:
+        return [f"Not measured: {dvc['error']}."]
+    lines = [f"- No-op `dvc repro` in `{dvc['repo']}`: {dvc['noop_s']:.2f} s (goal <= {NOOP_GOAL_S:.0f} s: "
+             f"{'met' if dvc['noop_s'] <= NOOP_GOAL_S else 'not met'}); stages run: "
+             f"{'some (not a no-op!)' if dvc['noop_ran'] else 'none'}."]
+    if dvc["report_key"] is None:
+        return lines + ["- Report param edit: not measured (no `report` stage in dvc.lock)."]
+    others = [s for s in dvc["changed"] if not s.startswith("report")]
+    retrain = [s for s in others if s.split("@")[0] in TRAINING_STAGES]
+    return lines + [f"- Report param edit (`{dvc['report_key']}`, the one the fewest other stages read): "
+                    f"`dvc status` lists {', '.join(dvc['changed']) or 'nothing'}; other stages changed: "
+                    f"{', '.join(others) or 'none'}; training stages changed: {', '.join(retrain) or 'none'} "
+                    f"(goal: none)."]
+
+
+def _repro(timing: dict | None) -> list[str]:
+    """Section 6: the default study's repro, stage by stage, from ``reports/repro_timing.json``."""
+    if not timing:
+        return ["Not measured in this run (no `reports/repro_timing.json`; expected format "
+                "`{\"<stage>\": seconds}`)."]
+    stages = stage_seconds(timing)
+    total = timing.get("total", sum(stages.values()))  # bench.repro_timing's wall total, DVC's own time in
+    lines = ["From `reports/repro_timing.json`, written by `python -m bench.repro_breakdown` (a fresh-clone "
+             "repro's timestamped console; per-run detail in `repro_breakdown.md`) or `python -m "
+             "bench.repro_timing`. A stage lasts until the next one starts. That repro may have run on "
+             "another machine than the rest of this page (compare its step times in `repro_breakdown.md` "
+             "with the tables here).", "",
+             "| stage | seconds |", "|---|---|",
+             *[f"| {k} | {v:,.0f} |" for k, v in stages.items()],
+             f"| **total (wall)** | {total:,.0f} |", "",
+             f"Against the goal of a full default study in {STUDY_GOAL_MIN} min on this 2-core machine: "
+             f"{total / 60:.1f} min, {'met' if total <= STUDY_GOAL_MIN * 60 else 'missed'} "
+             f"({total / 60 / STUDY_GOAL_MIN:.2f}x the goal)."]
+    if t := timing.get("training"):  # bench.repro_breakdown's per-run sums
+        lines += ["", f"Training stages: {t['runs']} runs in {t['wall_s'] / 60:.1f} min of wall time. Optimizer "
+                  f"steps take {t['steps_share']:.0%} of the training stages' worker time (goal "
+                  f">= {STEPS_GOAL:.0%}) and {t['steps_share_of_runs']:.0%} of the runs' own time in their "
+                  "workers (data, model, fit, evaluation); the difference is stage start-up, the stage "
+                  "process's writing and MLflow while workers wait, and idle workers at the end."]
+    return lines
 
 
 def render_quick(quick: dict | None, default: dict | None, quick_summary: dict | None, summary: dict | None,
