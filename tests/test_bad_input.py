@@ -1294,9 +1294,10 @@ def test_prune_after_shrinking_tasks(copy_workspace, capsys):
 def test_two_repros_at_once_second_is_refused(make_tiny_repo):
     """DVC's repository lock: a second ``dvc repro`` while one runs fails at once with a clear message, and the
     first finishes with every output intact."""
-    # A large pool makes the first repro's data stage take seconds, so it surely still holds that stage's lock when
-    # the second (which needs the same outputs) starts; DVC locks per stage, not for a whole repro.
-    repo = make_tiny_repo("repo", {"tasks": {"alignment": {"n": 400_000}}})
+    # The first repro is paused (SIGSTOP to DVC and its stage) once its data stage runs, so it surely still holds
+    # that stage's lock when the second (which needs the same outputs) starts, then resumed; DVC locks per stage,
+    # not for a whole repro.
+    repo = make_tiny_repo("repo")
     first = subprocess.Popen([str(tiny_repo.VENV_BIN / "dvc"), "repro", "slice@alignment"], cwd=repo,
                              env=tiny_repo.env(repo), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              start_new_session=True)
@@ -1304,8 +1305,12 @@ def test_two_repros_at_once_second_is_refused(make_tiny_repo):
         deadline = time.monotonic() + 120
         while not tiny_repo.stage_running(first.pid, "generate"):
             assert first.poll() is None and time.monotonic() < deadline, "the first repro never ran its stage"
-            time.sleep(0.05)
-        second = tiny_repo.dvc(repo, "repro", "slice@alignment", check=False, timeout=120)
+            time.sleep(0.01)
+        os.killpg(first.pid, signal.SIGSTOP)
+        try:
+            second = tiny_repo.dvc(repo, "repro", "slice@alignment", check=False, timeout=120)
+        finally:
+            os.killpg(first.pid, signal.SIGCONT)
         out, _ = first.communicate(timeout=300)
     finally:
         if first.poll() is None:
