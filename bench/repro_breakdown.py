@@ -114,19 +114,32 @@ def cell_costs(runs: pd.DataFrame) -> dict[str, dict]:
     return out
 
 
+def closed_before_training(rows: pd.DataFrame) -> pd.Series:
+    """Paired accuracy rows no training could decide: the compared slice's strongest shortcut floor, computed by the
+    shortcuts stage before anything trains, plus the row's margin is above 1, so no accuracy clears it
+    (``pipeline.report.gate.below_floor``). Not agreement rows (held to no floor); none in a ledger without floors."""
+    if not {"floor", "margin", "subset"} <= set(rows.columns):
+        return pd.Series(False, index=rows.index)
+    return (rows.kind == "paired") & ~rows.subset.astype(str).str.startswith("agree/") & (rows.floor + rows.margin > 1)
+
+
 def cost_by_cell(runs: pd.DataFrame, ledger: pd.DataFrame) -> pd.DataFrame:
     """Per ``(arch, task)`` cell: its runs' worker-minutes (tune, train and second look together), the paired and
-    floor ledger rows it is an arm of, and how many of those are informative (decided or inconclusive, not
-    "uninformative" or "not run"). A cell with no informative row is paid for only by a figure or by nothing."""
+    floor ledger rows it is an arm of, how many of those are informative (decided or inconclusive, not
+    "uninformative" or "not run"), and how many the shortcut floors left open before training
+    (:func:`closed_before_training`). A cell with no informative row is paid for only by a figure or by nothing;
+    one with no open row could not have paid for itself whatever its runs learned."""
     rows = ledger[ledger.kind.isin(["paired", "floor"])]
+    rows = rows.assign(open=~closed_before_training(rows))
     arms = pd.concat([rows.assign(arch=rows.a), rows.assign(arch=rows.b)])
     arms = arms.assign(informative=~arms.verdict.astype(str).str.startswith(("uninformative", "not run")))
-    read = arms.groupby(["arch", "task"]).agg(rows=("id", "size"), informative_rows=("informative", "sum"))
+    read = arms.groupby(["arch", "task"]).agg(rows=("id", "size"), informative_rows=("informative", "sum"),
+                                              open_rows=("open", "sum"))
     cost = runs.dropna(subset=["task"]).groupby(["arch", "task"]).agg(runs=("run_s", "size"),
                                                                       worker_min=("run_s", "sum"))
     cost["worker_min"] /= 60
-    table = cost.join(read, how="left").fillna({"rows": 0, "informative_rows": 0}).astype(
-        {"rows": int, "informative_rows": int})
+    table = cost.join(read, how="left").fillna({"rows": 0, "informative_rows": 0, "open_rows": 0}).astype(
+        {"rows": int, "informative_rows": int, "open_rows": int})
     return table.sort_values("worker_min", ascending=False)
 
 
@@ -289,12 +302,19 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if by_cell is not None:
         idle = by_cell[by_cell.informative_rows == 0]
+        closed = by_cell[(by_cell.rows > 0) & (by_cell.open_rows == 0)]
+        spent = by_cell.worker_min.sum()
+        kept = (f" ({(spent - closed.worker_min.sum()) / n_decided:.1f} without them, against "
+                f"{spent / n_decided:.1f} with them, per decided paired row inside the runs)" if n_decided else "")
         lines += ["## Cost by cell", "",
                   f"Each (arch, task) cell's runs in worker-minutes inside the runs (`measured.run_s`; tune, train "
-                  f"and the second look), beside the paired and floor ledger rows it is an arm of and how many of "
-                  f"those are informative. Cells with no informative row: {len(idle)}, "
-                  f"{idle.worker_min.sum():.1f} of {by_cell.worker_min.sum():.1f} worker-minutes (a figure may "
-                  f"still read them).", "",
+                  f"and the second look), beside the paired and floor ledger rows it is an arm of, how many of "
+                  f"those are informative, and how many the shortcut floors left open before any training (a "
+                  f"paired row is closed where its compared slice's floor plus its margin is above 1: no accuracy "
+                  f"clears it). Cells with no informative row: {len(idle)}, {idle.worker_min.sum():.1f} of "
+                  f"{spent:.1f} worker-minutes (a figure may still read them). Cells whose every row was closed "
+                  f"before training: {len(closed)}, {closed.worker_min.sum():.1f} worker-minutes, what a plan that "
+                  f"read the floors first would not have bought{kept}.", "",
                   by_cell.reset_index().to_markdown(index=False, floatfmt=".1f"), ""]
     if ledger_path.exists():
         seeds = seeds_by_row(pd.read_csv(ledger_path))

@@ -91,8 +91,14 @@ def test_cost_per_decided_question_and_what_stops_saved(tmp_path):
     assert "**1.9 worker-minutes per decided paired row** (1 decided" in text
     decision = json.loads((tmp_path / "out/repro_timing.json").read_text())["per_decision"]
     assert decision["decided_paired"] == 1 and decision["worker_min_per_decided_paired"] == pytest.approx(1.9)
-    assert by_cell.loc[("vit", "alignment")].tolist() == [1, 50 / 60, 1, 1]
-    assert by_cell.loc[("resnet", "alignment")].tolist() == [1, 1.0, 2, 1]  # the paired row and its floor row
+    assert by_cell.loc[("vit", "alignment")].tolist() == [1, 50 / 60, 1, 1, 1]
+    assert by_cell.loc[("resnet", "alignment")].tolist() == [1, 1.0, 2, 1, 2]  # the paired row and its floor row
+    # a slice whose shortcut floor plus the margin is above 1 closes its paired rows before training (not an
+    # agreement row, held to no floor; not a floor row)
+    floors = pd.DataFrame({"kind": ["paired", "paired", "paired", "floor"], "floor": [0.97, 0.95, 0.97, 0.97],
+                           "margin": [0.04, 0.04, 0.04, 0.04], "subset": ["slice/ood", "slice/ood",
+                                                                           "agree/ood_teacher_wrong", "slice/ood"]})
+    assert repro_breakdown.closed_before_training(floors).tolist() == [True, False, False, False]
     # the seeds each row was judged on, and what an inconclusive one still needs
     ledger = pd.DataFrame({"id": ["p", "q", "f", "x"], "kind": ["paired", "paired", "floor", "exact"],
                            "task": "alignment", "a": "vit", "b": ["resnet", "resnet", "floor", ""],
