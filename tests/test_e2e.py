@@ -62,3 +62,17 @@ def test_second_repro_is_a_noop(reproduced_repo):
     out = tiny_repo.dvc(reproduced_repo, "repro").stdout
     assert "Running stage" not in out
     assert "Data and pipelines are up to date" in out
+
+
+def test_files_beside_the_code_that_are_not_code_change_no_stage(copy_reproduced_repo):
+    """Stages depend on whole folders of code (pipeline/report, pipeline/families, ...): bytecode caches, macOS's
+    .DS_Store and editors' backups there are not code (.dvcignore), while any other new file is a change."""
+    repo = copy_reproduced_repo
+    for junk in ("pipeline/families/__pycache__/vit.cpython-311.pyc", "pipeline/report/.DS_Store",
+                 "pipeline/tasks/scale.py~", "pipeline/interface/.study.py.swp"):
+        (repo / junk).parent.mkdir(exist_ok=True)
+        (repo / junk).write_bytes(b"not code")
+    assert "up to date" in tiny_repo.dvc(repo, "status").stdout
+    (repo / "pipeline/report/notes.csv").write_text("a,b\n")
+    status = tiny_repo.dvc(repo, "status").stdout
+    assert "modified:           pipeline/report" in status and "report:" in status
