@@ -22,9 +22,10 @@ import os
 # two spinning threads, made a floors fit 4x slower (152 s vs 34 s, 2026-12-07). Set before numpy loads.
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
-# The commands the tests start write bytecode, as Python does on a user's machine (this sandbox's environment turns
-# it off): stages then leave __pycache__ folders inside the folders DVC hashes as dependencies (pipeline/families,
-# pipeline/report, ...), and test_e2e's second repro runs stages again unless .dvcignore keeps them out.
+# The commands the tests start write bytecode, as Python does by default (PYTHONDONTWRITEBYTECODE, set where this
+# project is developed, hid it): stages then leave __pycache__ folders inside the folders DVC hashes as dependencies
+# (pipeline/families, pipeline/report, ...), and test_e2e's second repro runs stages again unless .dvcignore keeps
+# them out.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 import json
