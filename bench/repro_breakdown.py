@@ -22,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline.io import write_json, write_text
+from pipeline.report.gate import below_floor
 
 PHASE_ARCHS, PHASE_STEPS = ("vit", "swin", "resnet"), 1000  # the same as reference_steps in bench/recorded.yaml
 STAGE = re.compile(r"Running stage '([^']+)'")
@@ -115,12 +116,14 @@ def cell_costs(runs: pd.DataFrame) -> dict[str, dict]:
 
 
 def closed_before_training(rows: pd.DataFrame) -> pd.Series:
-    """Paired accuracy rows no training could decide: the compared slice's strongest shortcut floor, computed by the
-    shortcuts stage before anything trains, plus the row's margin is above 1, so no accuracy clears it
-    (``pipeline.report.gate.below_floor``). Not agreement rows (held to no floor); none in a ledger without floors."""
-    if not {"floor", "margin", "subset"} <= set(rows.columns):
+    """Paired rows no training could decide: the gate (``pipeline.report.gate.below_floor``) would hold them below
+    their compared slice's shortcut floor, which the shortcuts stage computes before anything trains, even with
+    both arms at accuracy 1 (floor plus margin above 1). None in a ledger without floors."""
+    if not {"floor", "margin", "subset", "expect"} <= set(rows.columns):
         return pd.Series(False, index=rows.index)
-    return (rows.kind == "paired") & ~rows.subset.astype(str).str.startswith("agree/") & (rows.floor + rows.margin > 1)
+    perfect = {"acc_a": 1.0, "acc_b": 1.0, "floor_baseline": ""}
+    return pd.Series([r["kind"] == "paired" and bool(below_floor(r, {**perfect, "floor": r["floor"]}))
+                      for r in rows.to_dict("records")], index=rows.index, dtype=bool)
 
 
 def cost_by_cell(runs: pd.DataFrame, ledger: pd.DataFrame) -> pd.DataFrame:

@@ -96,8 +96,8 @@ def test_cost_per_decided_question_and_what_stops_saved(tmp_path):
     # a slice whose shortcut floor plus the margin is above 1 closes its paired rows before training (not an
     # agreement row, held to no floor; not a floor row)
     floors = pd.DataFrame({"kind": ["paired", "paired", "paired", "floor"], "floor": [0.97, 0.95, 0.97, 0.97],
-                           "margin": [0.04, 0.04, 0.04, 0.04], "subset": ["slice/ood", "slice/ood",
-                                                                           "agree/ood_teacher_wrong", "slice/ood"]})
+                           "margin": [0.04, 0.04, 0.04, 0.04], "expect": ["+", "= 0", "+", "+"], "a": "vit",
+                           "b": "resnet", "subset": ["slice/ood", "slice/ood", "agree/ood_teacher_wrong", "slice/ood"]})
     assert repro_breakdown.closed_before_training(floors).tolist() == [True, False, False, False]
     # the seeds each row was judged on, and what an inconclusive one still needs
     ledger = pd.DataFrame({"id": ["p", "q", "f", "x"], "kind": ["paired", "paired", "floor", "exact"],
