@@ -87,8 +87,9 @@ def sureness(label: str, lead: pd.Series) -> str:
 def finding_lines(ledger: pd.DataFrame, level: str) -> list[str]:
     """One line per finding: the lead row in words, its minimal pair, estimate and interval, how sure."""
     out = []
+    alpha = 1 - float(level) / 100 if level else None  # the report's own level: its Holm alpha
     for name, group, lead in leads(ledger)[:MAX_FINDINGS]:
-        status = finding_status(name, group, lead)
+        status = finding_status(name, group, lead, alpha)
         label = status["label"]
         pair = f"{lead.a} minus {lead.b}" if isinstance(lead.b, str) and lead.b else f"{lead.a}"
         measured = "an exact check" if lead.kind == "exact" else f"{lead.subset} accuracy"
@@ -97,7 +98,8 @@ def finding_lines(ledger: pd.DataFrame, level: str) -> list[str]:
         what = lead.get("label") if isinstance(lead.get("label"), str) and lead.get("label") else lead.isolates
         out.append(f"- **{name}**, {what}: {pair} on {lead.task} ({measured}) "
                    f"{effect}{f' ({level}% interval)' if level and effect != 'no estimate' else ''}; "
-                   f"{sureness(label, lead)}{'; ' + status['beside'] if status['beside'] else ''}.")
+                   f"{sureness(label, lead)}{'; ' + status['beside'] if status['beside'] else ''}"
+                   f"{'; but ' + status['caveat'] + ' (docs/methods.md)' if status['caveat'] else ''}.")
     return out
 
 

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
+from pipeline import readme
 from pipeline.report import aggregate as agg
 from pipeline.report import learnability as learn
 from pipeline.report import markdown, sources
@@ -171,6 +172,31 @@ def test_natural_reads_smoke_when_no_row_is_informative_and_names_arms_below_the
         "**natural: supported (below the pooled floor kmeans_pooled 0.600: vit 0.590).**")
     g = pd.DataFrame([_row("natural.resnet_vs_vit.natural", "held", **{**seen, "acc_b": 0.61})])
     assert markdown.finding_status("natural", g, g.iloc[0])["beside"] == ""  # both clear it: nothing to say
+
+
+def test_a_lead_whose_arms_learned_in_all_and_none_of_their_seeds_says_what_its_p_assumes():
+    """3 of 3 seeds learned against 0 of 3: the lead's t test (p ~ 1e-5) reads that as normal spread, and the exact
+    test on the counts (Fisher: 0.10) does not reach alpha, so both README writers say so beside "supported"
+    (docs/methods.md, Error rates); not where the exact test reaches alpha, the counts agree, the lead decides
+    nothing, or no alpha is asked for (the label's own callers)."""
+    def lead(verdict: str = "held", **extra) -> pd.DataFrame:
+        return pd.DataFrame([_row("arrangement.sincos.arrangement", verdict, task="arrangement", subset="test",
+                                  **{"seeds": 3, "learned_a": 3, "learned_b": 0, **extra})])
+
+    g = lead()
+    st = markdown.finding_status("arrangement", g, g.iloc[0], 0.05)
+    assert st["label"] == "supported" and st["caveat"] == (
+        "its arms learned in 3 and 0 of 3 seeds, where its t test assumes normal spread; Fisher's exact test on "
+        "those counts: p = 0.10")
+    assert f"(3 seeds). But {st['caveat']} (docs/methods.md, Error rates)." in markdown.findings(g, 0.05)[0]
+    assert readme.finding_lines(g, "95")[0].endswith(
+        f"**supported**: the lead contrast held its Holm-corrected test on 3 seeds; but {st['caveat']} "
+        "(docs/methods.md).")
+    assert readme.finding_lines(g, "")[0].endswith("on 3 seeds.")  # no level recorded: no alpha to compare with
+    assert markdown.finding_status("arrangement", g, g.iloc[0])["caveat"] == ""
+    for g in (lead(seeds=10, learned_a=10),  # 10 of 10 against 0 of 10: Fisher 1e-5, the counts decide it too
+              lead(learned_b=3), lead("inconclusive"), lead(kind="floor")):
+        assert markdown.finding_status("arrangement", g, g.iloc[0], 0.05)["caveat"] == "", g.iloc[0].to_dict()
 
 
 def test_row_counts_per_type_and_in_words():

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from pipeline.report import stats
 from pipeline.report.aggregate import CI_METHOD
 from pipeline.report.gate import SPEED
 from pipeline.report.ledger import counts, leads
@@ -140,7 +141,9 @@ FINDING_RULE = (
     "does not explain that failure (`pipeline/report/explained.csv` names the rows whose failure a finding's own "
     "explanation predicts, with the reason); 'no effect' when the lead is equivalent; otherwise 'supported' (lead "
     "held). Where a lead's arm sits below the stronger reference shown beside the floor (natural images: the pooled "
-    "bag of patches), the label says so. An explained failure never counts as support. Each finding lists the rows "
+    "bag of patches), the label says so; where a decided lead's arms learned in different numbers of seeds and "
+    "Fisher's exact test on those counts does not reach alpha, it says that too (its t test assumes normal spread: "
+    "docs/methods.md, Error rates). An explained failure never counts as support. Each finding lists the rows "
     "that support it (held), contradict it, the failures it explains, and how many of its rows were uninformative "
     "(reasons: the ledger).")
 
@@ -231,10 +234,29 @@ def beside_note(lead: pd.Series) -> str:
     return f"below the pooled floor {lead.beside_baseline} {bf:.3f}: {', '.join(low)}" if low else ""
 
 
-def finding_status(name: str, group: pd.DataFrame, lead: pd.Series,
+DECIDED = ("held", "failed", "equivalent", "not equivalent")
+
+
+def seeds_caveat(lead: pd.Series, alpha: float) -> str:
+    """Where a decided paired lead's arms learned in different numbers of seeds and the exact test on those counts
+    (:func:`stats.counts_p`) does not reach ``alpha``: the counts and that p, in words; empty otherwise. The row's
+    t test reads seeds that learn or stay at chance as normal spread, which they are not (3 of 3 against 0 of 3
+    gives p ~ 1e-5 where no test free of that assumption reaches 0.01: docs/methods.md, Error rates)."""
+    k_a, k_b, n = (lead.get(c, math.nan) for c in ("learned_a", "learned_b", "seeds"))
+    if lead.get("kind") != "paired" or lead.get("verdict") not in DECIDED or not pd.notna([k_a, k_b, n]).all() \
+            or k_a == k_b:
+        return ""
+    p = stats.counts_p(int(k_a), int(k_b), int(n))
+    return (f"its arms learned in {int(k_a)} and {int(k_b)} of {int(n)} seeds, where its t test assumes normal "
+            f"spread; Fisher's exact test on those counts: p = {p:.2f}" if p > alpha else "")
+
+
+def finding_status(name: str, group: pd.DataFrame, lead: pd.Series, alpha: float | None = None,
                    explained: tuple[dict, ...] = EXPLAINED) -> dict:
     """The label of one finding and the row ids behind it (the rule: :data:`FINDING_RULE`); ``beside``: where its
-    lead's arms sit below the stronger reference shown beside the floor (:func:`beside_note`)."""
+    lead's arms sit below the stronger reference shown beside the floor (:func:`beside_note`); ``caveat``: where its
+    decided lead's p rests on seeds that learned against seeds that did not (:func:`seeds_caveat` at ``alpha``;
+    none without one: the callers that read the label only)."""
     g = group.assign(is_info=informative(group), is_uninf=uninformative(group))
     # the lead states the finding: its own outcome is never "explained" away
     why = {r.id: None if r.id == lead["id"] else explains(name, r.id, explained) for r in g.itertuples()}
@@ -259,21 +281,23 @@ def finding_status(name: str, group: pd.DataFrame, lead: pd.Series,
         label = "no effect (equivalent)"
     else:
         label = "supported"
-    return {"label": label, "beside": "" if lead_uninf else beside_note(lead), **out}
+    caveat = "" if alpha is None else seeds_caveat(lead, alpha)
+    return {"label": label, "beside": "" if lead_uninf else beside_note(lead), "caveat": caveat, **out}
 
 
 def _ids(ids) -> str:
     return ", ".join(f"`{i}`" for i in ids) or "none"
 
 
-def findings(ledger: pd.DataFrame) -> list[str]:
+def findings(ledger: pd.DataFrame, alpha: float | None = None) -> list[str]:
     """At most five findings, one per ledger ``finding`` group, in plain words first: its label
     (:func:`finding_status`), what its lead row compares (the row's human label) and its difference with CI (only
     when the lead is informative); then the lead's id, slice and what it isolates, the shortcut floor, and the row
-    ids that support it, contradict it, or whose failure it explains. Generated from the ledger only."""
+    ids that support it, contradict it, or whose failure it explains, and at ``alpha`` the lead's seeds caveat
+    (:func:`seeds_caveat`). Generated from the ledger only."""
     out = []
     for name, g, lead in leads(ledger)[:MAX_FINDINGS]:
-        st = finding_status(name, g, lead)
+        st = finding_status(name, g, lead, alpha)
         label = lead.get("label") if isinstance(lead.get("label"), str) and lead.get("label") else lead["id"]
         pair = f"{lead.a} vs {lead.b or 'exact'}" if lead.kind != "floor" else f"{lead.a} vs shortcut floor"
         if st["label"].startswith(("undecided (lead", "not run", "smoke")):
@@ -286,6 +310,7 @@ def findings(ledger: pd.DataFrame) -> list[str]:
         expl = "; ".join(f"`{i}` ({why})" for i, why in st["explained"].items()) or "none"
         short, _, why = st["label"].partition(" (")
         why = f" Why {short}: {why.removesuffix(')')}." if why else ""
+        why += f" But {st['caveat']} (docs/methods.md, Error rates)." if st["caveat"] else ""
         short += f" ({st['beside']})" if st["beside"] else ""
         out.append(f"**{name}: {short}.** {label}: {measured}.{why} Minimal pair {pair} on {lead.task} (lead "
                    f"`{lead['id']}`, {lead.subset}; isolates {lead.isolates}). Shortcut floor {floor}. Supported by "

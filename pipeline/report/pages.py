@@ -481,7 +481,7 @@ def write_report(inp: Inputs, out: Path) -> None:
              + f", ~{params.models.param_target:,} parameters, minutes of CPU")
     io.write_text(out / "README.md", markdown.readme(
         commit=repository.git_commit(), date=dt.date.today().isoformat(), level=params.report.confidence,
-        scale=scale, sentences=markdown.findings(frames["ledger"]),
+        scale=scale, sentences=markdown.findings(frames["ledger"], 1 - params.report.confidence),
         exploratory=markdown.exploratory_line(frames["ledger"]), floors_text=markdown.floors_line(inp.floors),
         counts=markdown.verdict_counts(frames["ledger"]), tables=paths, figures=made, links=links,
         rows=markdown.row_counts(frames["ledger"])))

@@ -46,6 +46,13 @@ def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
     return _binom_ci(k, n, level, "exact")
 
 
+def counts_p(k_a: int, k_b: int, n: int) -> float:
+    """Fisher's exact two-sided p that two arms of ``n`` seeds each learn equally often, given ``k_a`` and ``k_b``
+    seeds that did: a test on seeds that learn or stay at chance which, unlike a t test, assumes nothing about
+    their spread (3 of 3 against 0 of 3: 0.10)."""
+    return float(stats.fisher_exact([[k_a, n - k_a], [k_b, n - k_b]]).pvalue)
+
+
 # --------------------------------------------------------------------------- per-seed means
 def unit_matrix(matrix: np.ndarray, units: np.ndarray | None = None) -> np.ndarray:
     """``(..., seeds, items)`` -> ``(..., seeds, units)``: the items of a unit (e.g. a twin pair) averaged, so
