@@ -99,7 +99,7 @@ def finding_lines(ledger: pd.DataFrame, level: str) -> list[str]:
         out.append(f"- **{name}**, {what}: {pair} on {lead.task} ({measured}) "
                    f"{effect}{f' ({level}% interval)' if level and effect != 'no estimate' else ''}; "
                    f"{sureness(label, lead)}{'; ' + status['beside'] if status['beside'] else ''}"
-                   f"{'; but ' + status['caveat'] + ' (docs/methods.md)' if status['caveat'] else ''}.")
+                   f"{'; but ' + status['caveat'] if status['caveat'] else ''}.")
     return out
 
 

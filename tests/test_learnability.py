@@ -185,13 +185,12 @@ def test_a_lead_whose_arms_learned_in_all_and_none_of_their_seeds_says_what_its_
 
     g = lead()
     st = markdown.finding_status("arrangement", g, g.iloc[0], 0.05)
-    assert st["label"] == "supported" and st["caveat"] == (
-        "its arms learned in 3 and 0 of 3 seeds, where its t test assumes normal spread; Fisher's exact test on "
-        "those counts: p = 0.10")
-    assert f"(3 seeds). But {st['caveat']} (docs/methods.md, Error rates)." in markdown.findings(g, 0.05)[0]
+    assert st["label"] == "supported" and st["caveat"] == "its arms learned in 3 and 0 of 3 seeds (Fisher's exact " \
+                                                          "p = 0.10)"
+    assert f"(3 seeds). But {st['caveat']}: its t test assumes normal spread (docs/methods.md, Error rates)." \
+        in markdown.findings(g, 0.05)[0]
     assert readme.finding_lines(g, "95")[0].endswith(
-        f"**supported**: the lead contrast held its Holm-corrected test on 3 seeds; but {st['caveat']} "
-        "(docs/methods.md).")
+        f"**supported**: the lead contrast held its Holm-corrected test on 3 seeds; but {st['caveat']}.")
     assert readme.finding_lines(g, "")[0].endswith("on 3 seeds.")  # no level recorded: no alpha to compare with
     assert markdown.finding_status("arrangement", g, g.iloc[0])["caveat"] == ""
     for g in (lead(seeds=10, learned_a=10),  # 10 of 10 against 0 of 10: Fisher 1e-5, the counts decide it too

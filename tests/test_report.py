@@ -474,3 +474,28 @@ def test_a_winner_below_its_slice_floor_is_not_decided():
     budget = {**row, "finding": "budget", "b": "resnet"}
     assert gate.gate(budget, {**m, "acc_b": 0.9}, 0.01).startswith("a shortcut reaches slice/ood: bag3b_global")
     assert gate.gate(budget, {**above, "acc_b": 0.9}, 0.01) == ""
+
+
+def test_budget_table_averages_counts_that_differ_by_seed_and_keeps_configurations_apart():
+    """Runs that stop at the criterion take different steps per seed: the table gives their mean and range, not
+    the first seed's; a FLOPs-matched grid and another data draw of the same cell are rows of their own (a referee
+    found ViT teachers printed at 3,000 steps where one seed took 1,300, and resnet's wall time averaged over 8 runs
+    of 3 configurations)."""
+    from pipeline.report import aggregate
+
+    def run(seed: int, steps: int, wall: float, mode: str = "criterion", draw: int = 0) -> dict:
+        return {"source": "runs", "task": "alignment", "arch": "resnet", "train_size": 4000, "steps": 3000,
+                "budget_mode": mode, "data_seed": draw, "seed": seed, "params": 100, "optimizer_steps": steps,
+                "batch_size": 64, "images_seen": 64 * steps, "tokens_per_image": 16, "tokens_seen": 1024 * steps,
+                "forward_flops_per_image": 10, "train_flops": 30 * 64 * steps, "teacher_forward_flops": 0,
+                "teacher_train_flops": 0, "total_flops_with_teacher": 30 * 64 * steps, "wall_time_s": wall,
+                "images_per_s": 1.0, "peak_rss_mb": 1.0, "teacher_arch": None}
+
+    runs = pd.DataFrame([run(0, 700, 24.0), run(1, 600, 21.0), run(2, 600, 21.0), run(0, 940, 34.0, "flops"),
+                         run(1, 940, 29.0, "flops"), run(0, 600, 21.0, draw=1)])
+    table = aggregate.budget_table(runs).set_index(["budget_mode", "data_seed"])
+    main = table.loc[("criterion", 0)]
+    assert (main.seeds, main.optimizer_steps_min, main.optimizer_steps_max) == (3, 600, 700)
+    assert main.optimizer_steps == pytest.approx(1900 / 3) and main.train_flops == pytest.approx(30 * 64 * 1900 / 3)
+    assert main.wall_time_s == pytest.approx(22.0) and main.params == 100  # the main grid's 3 runs only
+    assert table.loc[("flops", 0)].optimizer_steps == 940 and table.loc[("criterion", 1)].seeds == 1

@@ -24,6 +24,8 @@ BUDGET_KEYS = ("params", "optimizer_steps", "batch_size", "images_seen", "tokens
                "forward_flops_per_image", "train_flops", "teacher_forward_flops", "teacher_train_flops",
                "total_flops_with_teacher")
 MEASURED_KEYS = ("wall_time_s", "images_per_s", "peak_rss_mb")
+ARCH_COUNTS = ("params", "tokens_per_image", "forward_flops_per_image")  # the same for every seed of a group
+BUDGET_GROUP = ("source", "task", "arch", "train_size", "steps", "budget_mode", "data_seed")  # one row of budget.csv
 
 
 def parse_slice(key: str) -> tuple[str, str]:
@@ -104,16 +106,20 @@ def slices_frame(records: list[dict]) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------- tables
 def budget_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per source x task x arch x size: counts (identical over seeds: first) and measurements (seed mean)."""
+    """Per run configuration (:data:`BUDGET_GROUP`: the FLOPs-matched grid and another data draw are rows of their
+    own): the counts an architecture fixes (:data:`ARCH_COUNTS`: one value per group), the seed mean of the counts
+    that criterion stopping makes differ from seed to seed (steps, images, tokens, FLOPs, the teacher's; the steps'
+    range beside) and of the measurements."""
     if runs.empty:
         return pd.DataFrame()
-    keys = ["source", "task", "arch", "train_size"]
-    counts = runs.groupby(keys, as_index=False)[[k for k in BUDGET_KEYS if k != "batch_size"]].first()
-    measured = runs.groupby(keys, as_index=False)[list(MEASURED_KEYS)].mean()
-    seeds = runs.groupby(keys, as_index=False)["seed"].nunique().rename(columns={"seed": "seeds"})
-    teacher = runs.groupby(keys, as_index=False)["teacher_arch"].first()
-    out = counts.merge(measured, on=keys).merge(seeds, on=keys).merge(teacher, on=keys)
-    return out.sort_values(keys, kind="stable").reset_index(drop=True)
+    keys = [k for k in BUDGET_GROUP if k in runs]
+    per_seed = [k for k in BUDGET_KEYS if k not in ARCH_COUNTS and k != "batch_size"]
+    spec = {**{k: (k, "first") for k in ARCH_COUNTS}, **{k: (k, "mean") for k in (*per_seed, *MEASURED_KEYS)},
+            "optimizer_steps_min": ("optimizer_steps", "min"), "optimizer_steps_max": ("optimizer_steps", "max"),
+            "seeds": ("seed", "nunique"), "teacher_arch": ("teacher_arch", "first")}
+    order = [*keys, *(k for k in BUDGET_KEYS if k != "batch_size"), "optimizer_steps_min", "optimizer_steps_max",
+             *MEASURED_KEYS, "seeds", "teacher_arch"]
+    return runs.groupby(keys, dropna=False, sort=True).agg(**spec).reset_index()[order]
 
 
 def factor_curve(table: pd.DataFrame, task: str, factor: str) -> pd.DataFrame:

@@ -247,8 +247,8 @@ def seeds_caveat(lead: pd.Series, alpha: float) -> str:
             or k_a == k_b:
         return ""
     p = stats.counts_p(int(k_a), int(k_b), int(n))
-    return (f"its arms learned in {int(k_a)} and {int(k_b)} of {int(n)} seeds, where its t test assumes normal "
-            f"spread; Fisher's exact test on those counts: p = {p:.2f}" if p > alpha else "")
+    return f"its arms learned in {int(k_a)} and {int(k_b)} of {int(n)} seeds (Fisher's exact p = {p:.2f})" \
+        if p > alpha else ""
 
 
 def finding_status(name: str, group: pd.DataFrame, lead: pd.Series, alpha: float | None = None,
@@ -310,7 +310,8 @@ def findings(ledger: pd.DataFrame, alpha: float | None = None) -> list[str]:
         expl = "; ".join(f"`{i}` ({why})" for i, why in st["explained"].items()) or "none"
         short, _, why = st["label"].partition(" (")
         why = f" Why {short}: {why.removesuffix(')')}." if why else ""
-        why += f" But {st['caveat']} (docs/methods.md, Error rates)." if st["caveat"] else ""
+        why += f" But {st['caveat']}: its t test assumes normal spread (docs/methods.md, Error rates)." \
+            if st["caveat"] else ""
         short += f" ({st['beside']})" if st["beside"] else ""
         out.append(f"**{name}: {short}.** {label}: {measured}.{why} Minimal pair {pair} on {lead.task} (lead "
                    f"`{lead['id']}`, {lead.subset}; isolates {lead.isolates}). Shortcut floor {floor}. Supported by "

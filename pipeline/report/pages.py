@@ -182,8 +182,10 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
             out, "learnability", "Learnability: who learned each task, how fast, and how it generalised",
             learn_note(inp, config), learn, learnability.learnability_view(learn)),
         "budget (counts and measurements)": _table(
-            out, "budget", "Budget per run group", "Counts: analytic; wall time, images/s, peak RSS: measured, "
-            "seed mean. Teacher compute is charged in full to every student.", agg.budget_table(runs)),
+            out, "budget", "Budget per run group", "One row per run configuration (a FLOPs-matched grid and another "
+            "data draw are rows of their own). Counts: analytic; steps, images, tokens and FLOPs differ from seed to "
+            "seed where runs stop at the criterion: seed mean, the steps' range beside. Wall time, images/s, peak RSS: "
+            "measured, seed mean. Teacher compute is charged in full to every student.", agg.budget_table(runs)),
         **distill_paths,
         "data-size curve": _table(out, "size_curve", "Test accuracy vs training-set size", f"{note}\n\n{floors}",
                                   size_tab, empty="not run (no data-size curve)"),
