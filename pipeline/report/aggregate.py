@@ -107,9 +107,9 @@ def slices_frame(records: list[dict]) -> pd.DataFrame:
 # --------------------------------------------------------------------------- tables
 def budget_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Per run configuration (:data:`BUDGET_GROUP`: the FLOPs-matched grid and another data draw are rows of their
-    own): the counts an architecture fixes (:data:`ARCH_COUNTS`: one value per group), the seed mean of the counts
-    that criterion stopping makes differ from seed to seed (steps, images, tokens, FLOPs, the teacher's; the steps'
-    range beside) and of the measurements."""
+    own): the counts an architecture fixes (:data:`ARCH_COUNTS`: one value per group), the seed mean, to a whole
+    count, of those that criterion stopping makes differ from seed to seed (steps, images, tokens, FLOPs, the
+    teacher's; the steps' range beside) and the seed mean of the measurements."""
     if runs.empty:
         return pd.DataFrame()
     keys = [k for k in BUDGET_GROUP if k in runs]
@@ -119,7 +119,8 @@ def budget_table(runs: pd.DataFrame) -> pd.DataFrame:
             "seeds": ("seed", "nunique"), "teacher_arch": ("teacher_arch", "first")}
     order = [*keys, *(k for k in BUDGET_KEYS if k != "batch_size"), "optimizer_steps_min", "optimizer_steps_max",
              *MEASURED_KEYS, "seeds", "teacher_arch"]
-    return runs.groupby(keys, dropna=False, sort=True).agg(**spec).reset_index()[order]
+    out = runs.groupby(keys, dropna=False, sort=True).agg(**spec).reset_index()[order]
+    return out.assign(**{k: out[k].round().astype("Int64") for k in per_seed})  # whole counts: exact in the csv
 
 
 def factor_curve(table: pd.DataFrame, task: str, factor: str) -> pd.DataFrame:

@@ -184,8 +184,9 @@ def tables(inp: Inputs, out: Path, seed: int) -> tuple[dict[str, str], dict[str,
         "budget (counts and measurements)": _table(
             out, "budget", "Budget per run group", "One row per run configuration (a FLOPs-matched grid and another "
             "data draw are rows of their own). Counts: analytic; steps, images, tokens and FLOPs differ from seed to "
-            "seed where runs stop at the criterion: seed mean, the steps' range beside. Wall time, images/s, peak RSS: "
-            "measured, seed mean. Teacher compute is charged in full to every student.", agg.budget_table(runs)),
+            "seed where runs stop at the criterion: seed mean to a whole count, the steps' range beside. Wall time, "
+            "images/s, peak RSS: measured, seed mean. Teacher compute is charged in full to every student.",
+            agg.budget_table(runs)),
         **distill_paths,
         "data-size curve": _table(out, "size_curve", "Test accuracy vs training-set size", f"{note}\n\n{floors}",
                                   size_tab, empty="not run (no data-size curve)"),
