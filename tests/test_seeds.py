@@ -233,6 +233,17 @@ def test_the_two_looks_keep_the_family_wise_error_with_the_study_s_own_rows():
     assert new["fwer_ci"][1] <= 0.055 and new["fwer"] <= 0.05
 
 
+def test_seeds_that_learn_or_stay_at_chance_break_the_t_tests_error_control():
+    """What the procedure assumes (docs/methods.md, Error rates): with both arms of six '+' rows drawn from one
+    bimodal distribution (a seed learns with probability 0.5, else stays at chance), one arm learning in 3 of 3 seeds
+    and the other in 0 of 3 happens in 1/32 of rows and its t test decides it: about 0.18 of studies err, far above
+    alpha; the same rows with normal seeds stay within it."""
+    rows = [{"expect": "+", "sd": 0.01, "margin": 0.014, "true": 0.0, "sesoi": 0.014}] * 6
+    bimodal = sequential.simulate(rows, "combination", 3000, 5, escape=0.5)
+    normal = sequential.simulate(rows, "combination", 3000, 5)
+    assert bimodal["fwer_ci"][0] > 0.12 and normal["fwer_ci"][1] <= 0.05
+
+
 def test_the_combined_p_is_uniform_whatever_look_1_saw():
     """A continued row's combined p under its null: selection on look 1 (only the rows look 1 left in the middle)
     does not lift it above its level, because the weights are fixed and the new seeds are independent of look 1."""
