@@ -363,6 +363,7 @@ def test_a_tied_floor_names_the_shortcut_stage_pick():
 def test_agreement_where_the_teacher_is_wrong_separates_inheritance_from_accuracy(tmp_path):
     # A teacher wrong on pool items 2 and 3; a student that copies it agrees there, one that learned the labels
     # does not, though both agree with the teacher on every item it gets right.
+    from pipeline.report import aggregate
     from pipeline.report.cells import Items
 
     labels = np.array([0, 1, 0, 1, 0, 1])
@@ -373,16 +374,25 @@ def test_agreement_where_the_teacher_is_wrong_separates_inheritance_from_accurac
 
     teacher = np.array([0, 1, 1, 0, 0, 1])
     folders = {}
-    for name, pred in {"teacher": teacher, "copy": teacher, "labels": labels}.items():
+    for name, pred in {"teacher": teacher, "copy": teacher, "labels": labels, "constant": np.ones(6, int)}.items():
         folders[name] = tmp_path / name
         folders[name].mkdir()
         np.savez(folders[name] / "predictions.npz", index=index, logits=logits(pred))
     runs = pd.DataFrame([
         {"task": "t", "arch": "resnet", "source": "teachers", "seed": 0, "dir": str(folders["teacher"])},
         {"task": "t", "arch": "deit", "source": "runs", "seed": 0, "dir": str(folders["copy"])},
-        {"task": "t", "arch": "vit", "source": "runs", "seed": 0, "dir": str(folders["labels"])}])
+        {"task": "t", "arch": "vit", "source": "runs", "seed": 0, "dir": str(folders["labels"])},
+        {"task": "t", "arch": "deit", "source": "runs", "seed": 1, "dir": str(folders["constant"])}])
     items = Items(pools={"t": {"labels": labels, "subsets": {"slice/ood": np.array([2, 3, 4])}}})
-    got = sources.agreements(runs, ["deit", "vit"], ["t"], items).set_index("arch")
+    every = sources.agreements(runs, ["deit", "vit"], ["t"], items)
+    # a student that says class 1 for every item agrees with the teacher on its wrong item 2, inheriting nothing:
+    # the distillation table counts it (once per seed, whatever the teachers it is compared with)
+    constant = every[(every.arch == "deit") & (every.seed == 1)].iloc[0]
+    assert constant.classes == 1 and constant.agree_teacher_wrong == 0.5
+    table = aggregate.distillation_table(runs.assign(test_acc=0.5, teacher_arch=None),
+                                         pd.concat([every, every.assign(teacher="vit")])).set_index("arch")
+    assert (table.loc["deit", "constant_seeds"], table.loc["vit", "constant_seeds"]) == (1, 0)
+    got = every[every.seed == 0].set_index("arch")
     assert got.loc["deit", "agree_teacher_wrong"] == 1.0 and got.loc["vit", "agree_teacher_wrong"] == 0.0
     assert got.loc["vit", "agreement"] == pytest.approx(4 / 6)
     assert got.loc["vit", "agree_ood"] == pytest.approx(1 / 3) and got.loc["deit", "agree_ood"] == 1.0

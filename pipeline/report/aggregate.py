@@ -147,7 +147,8 @@ def distillation_table(runs: pd.DataFrame, agreements: pd.DataFrame, accuracy: p
     in- and out-of-distribution accuracy with seed-level intervals (``accuracy``: rows
     task, arch, source, slice, mean, ci_lo, ci_hi), the mean agreement with every teacher on the test split
     (``agree_<teacher>``), on its out-of-distribution slice (``agree_ood_<teacher>``) and on the items that
-    teacher gets wrong (``agree_wrong_<teacher>``: where a transferred bias shows, since the labels never say so).
+    teacher gets wrong (``agree_wrong_<teacher>``: where a transferred bias shows, since the labels never say so),
+    and ``constant_seeds``: the seeds that predict one class for every test item (their agreement shows no bias).
 
     runs: the main grid's runs and the teachers (one training configuration: a mean over several sizes or budgets
     would mix cells); agreements: rows (task, arch, source, seed, teacher, agreement) from predictions.npz.
@@ -171,6 +172,10 @@ def distillation_table(runs: pd.DataFrame, agreements: pd.DataFrame, accuracy: p
             continue
         wide = agreements.pivot_table(index=keys, columns="teacher", values=value, aggfunc="mean")
         out = out.merge(wide.add_prefix(prefix).reset_index().rename_axis(columns=None), on=keys, how="left")
+    if "classes" in agreements:  # a seed is one row per teacher type it is compared with: count it once
+        seeds = agreements.drop_duplicates([*keys, "seed"]).assign(constant=lambda a: a["classes"] == 1)
+        out = out.merge(seeds.groupby(keys, as_index=False).agg(constant_seeds=("constant", "sum")), on=keys,
+                        how="left")
     return out
 
 

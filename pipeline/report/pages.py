@@ -217,7 +217,9 @@ DISTILLATION_NOTE = (
     "agrees there by chance or by a shared error), `agree_ood_wrong_<teacher>` on the unseen items it gets wrong. "
     "Seed-level intervals of every agreement: the distillation agreement table; paired contrasts with CIs: the "
     "ledger (the `teachers/ood` rows: the unseen items one teacher type gets right and the other wrong, by "
-    "majority over each type's teachers).")
+    "majority over each type's teachers). `constant_seeds`: the arm's seeds that predict one class for every test "
+    "item; such a seed agrees with a teacher wherever the teacher says that class, so its agreements show no "
+    "inherited bias.")
 
 
 def distillation_tables(inp: Inputs, out: Path, config: dict) -> tuple[dict[str, str], pd.DataFrame]:

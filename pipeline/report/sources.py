@@ -199,7 +199,9 @@ def agreements(runs: pd.DataFrame, arms, teacher_tasks: list[str], items=None) -
     Rows: task, arch, source, seed, teacher, agreement (on the shared test split, from predictions.npz) and, with
     ``items`` (:class:`pipeline.report.cells.Items`: the pools' labels and slices), ``agree_ood`` (on the
     out-of-distribution slice, where the task has one) and ``agree_teacher_wrong`` (on the test items the teacher
-    gets wrong: a student that inherited the teacher's bias repeats its mistakes; one trained on labels does not).
+    gets wrong: a student that inherited the teacher's bias repeats its mistakes; one trained on labels does not);
+    ``classes``: how many classes the arm predicts over the test split (1: the same class for every item, which
+    agrees with a teacher wherever the teacher says that class, inheriting nothing).
     """
 
     teachers = runs[runs.source == "teachers"]
@@ -218,8 +220,8 @@ def agreements(runs: pd.DataFrame, arms, teacher_tasks: list[str], items=None) -
                 continue
             rows.append({"task": t.task, "arch": r.arch, "source": r.source, "seed": r.seed, "teacher": t.arch,
                          "agreement": agreement(rp[0], rp[1], tp[0], tp[1]),
-                         **_where_it_matters(items, t.task, rp, tp)})
-    return pd.DataFrame(rows, columns=["task", "arch", "source", "seed", "teacher", *AGREEMENTS])
+                         **_where_it_matters(items, t.task, rp, tp), "classes": len(np.unique(rp[1].argmax(-1)))})
+    return pd.DataFrame(rows, columns=["task", "arch", "source", "seed", "teacher", *AGREEMENTS, "classes"])
 
 
 def own_teacher(run, teachers: pd.DataFrame) -> str | None:
