@@ -6,7 +6,8 @@
   readout sees that knows which small patterns occur but not where, nor how they combine beyond k px. A vocabulary
   of the ``BAG_VOCAB`` commonest codes is learned on the training rows.
 - **bag of patches**: k-means dictionary (MiniBatchKMeans on a capped sample of training patches) of contrast-
-  normalised k x k colour patches, triangle-coded and summed over the image or per quadrant (Coates & Ng 2011).
+  normalised, ZCA-whitened k x k colour patches, triangle-coded and summed over the image or per quadrant (Coates &
+  Ng 2011's recipe, whitening included: without it a referee's natural-image bag read 0.06 lower).
 - **exact additive readout**: the best rule ``u(group 1) + v(group 2) > 0`` over a task's named factors,
   found by enumeration (no fitted model that could miss the optimum): a binary label's positive cells form a
   staircase under some ordering of one group's values, so every ordering of the smaller group is tried, each
@@ -26,6 +27,7 @@ QUANT_LEVELS = 3  # grey levels of a quantised pattern
 FOREGROUND = 48  # grey levels from the image's median colour that count as foreground (binarised pattern)
 KMEANS_ATOMS = 400  # dictionary size of the bag of patches
 KMEANS_SAMPLE = 10_000  # training patches the dictionary is fitted on (caps the k-means work)
+WHITEN_EPS = 0.1  # ZCA regulariser for contrast-normalised patches (each dimension's variance is about 1)
 ENUMERATE_MAX = 8  # the smaller group of an exact additive readout: at most this many values (8! orders)
 # Temporaries of at most this many float32 (16 MB): the allocator reuses blocks of this size, while each larger one
 # is fresh pages from the kernel; blocks of 1,000 images spent 85% of the bag of patches' time in page faults.
@@ -102,23 +104,30 @@ def patches(images: np.ndarray, k: int) -> np.ndarray:
 
 
 def patch_dictionary(images: np.ndarray, k: int, seed: int, atoms: int = KMEANS_ATOMS,
-                     sample: int = KMEANS_SAMPLE) -> np.ndarray:
-    """(atoms, k*k*C) k-means centroids of at most ``sample`` patches drawn from ``images`` (only the drawn
-    patches are cut out: every patch of 45,000 images would take gigabytes)."""
+                     sample: int = KMEANS_SAMPLE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(mean (D,), whitening (D, D), centroids (atoms, D))``, D = k*k*C: the ZCA whitening of at most ``sample``
+    contrast-normalised patches drawn from ``images`` and their k-means centroids in whitened space (only the
+    drawn patches are cut out: every patch of 45,000 images would take gigabytes)."""
     n, g = len(images), images.shape[1] - k + 1
     rng = np.random.default_rng(seed)
     pick = rng.choice(n * g * g, min(sample, n * g * g), replace=False)
     i, y, x = np.unravel_index(pick, (n, g, g))
     windows = sliding_window_view(images, (k, k), axis=(1, 2))  # (N, g, g, C, k, k), a view
     p = _normalised(windows[i, y, x].reshape(len(pick), -1).astype(np.float32) / 255.0)
+    mean = p.mean(0)
+    values, vectors = np.linalg.eigh(np.cov(p - mean, rowvar=False))
+    white = (vectors / np.sqrt(np.maximum(values, 0) + WHITEN_EPS)) @ vectors.T
     km = MiniBatchKMeans(n_clusters=min(atoms, len(p)), batch_size=2048, n_init=1, max_iter=10, random_state=seed)
-    return km.fit(p).cluster_centers_.astype(np.float32)
+    centres = km.fit((p - mean) @ white).cluster_centers_
+    return mean.astype(np.float32), white.astype(np.float32), centres.astype(np.float32)
 
 
-def patch_bags(images: np.ndarray, centres: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Triangle code of every patch (max(0, mean distance - distance to each atom); stronger than counting
-    nearest atoms: natural 0.48 vs 0.39) summed over the image (N, atoms) and per quadrant (N, 4 * atoms): one
-    encoding, both poolings."""
+def patch_bags(images: np.ndarray, dictionary: tuple[np.ndarray, np.ndarray, np.ndarray],
+               k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Triangle code of every whitened patch over the ``dictionary`` (:func:`patch_dictionary`: max(0, mean
+    distance - distance to each atom); stronger than counting nearest atoms: natural 0.48 vs 0.39) summed over the
+    image (N, atoms) and per quadrant (N, 4 * atoms): one encoding, both poolings."""
+    mean, white, centres = dictionary
     out = []
     c2 = (centres**2).sum(1)
     g = images.shape[1] - k + 1  # the side of the grid of patch positions
@@ -126,7 +135,7 @@ def patch_bags(images: np.ndarray, centres: np.ndarray, k: int) -> tuple[np.ndar
     chunk = max(1, CHUNK_FLOATS // (g * g * len(centres)))  # images per block of distances
     for start in range(0, len(images), chunk):
         p = patches(images[start: start + chunk], k)
-        flat = p.reshape(-1, p.shape[-1])
+        flat = (p.reshape(-1, p.shape[-1]) - mean) @ white
         d = np.sqrt(np.maximum((flat**2).sum(1, keepdims=True) - 2 * flat @ centres.T + c2, 0))
         z = np.maximum(d.mean(1, keepdims=True) - d, 0).reshape(len(p), g, g, -1)
         out.append(np.concatenate([z[:, q == r].sum(1) for r in range(4)], axis=1))
